@@ -1,0 +1,127 @@
+"""MLflow metric names, in one place (DESIGN.md "Metric names"; mirror verl's where verl has one).
+
+MLflow keys allow only letters, digits, ``_ - . / :`` and space, hence ``mean_at_32`` rather than ``mean@32``.
+"""
+
+from __future__ import annotations
+
+import re
+
+# actor/*: the policy update
+ACTOR_PG_LOSS = "actor/pg_loss"
+ACTOR_PG_CLIPFRAC = "actor/pg_clipfrac"
+ACTOR_PG_CLIPFRAC_HIGH = "actor/pg_clipfrac_high"
+ACTOR_PG_CLIPFRAC_LOW = "actor/pg_clipfrac_low"
+ACTOR_PPO_KL = "actor/ppo_kl"
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_MEAN_PROB = "actor/mean_prob"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_LR = "actor/lr"
+
+# critic/*: rewards and advantages ({mean,max,min} each)
+CRITIC_SCORE = "critic/score"
+CRITIC_REWARDS = "critic/rewards"
+CRITIC_ADVANTAGES = "critic/advantages"
+STATS = ("mean", "max", "min")
+
+# train/*: dynamic sampling and accuracy
+TRAIN_STEP = "train/step"
+TRAIN_GEN_BATCHES_TOTAL = "train/gen_batches_total"
+TRAIN_ACC_MEAN = "train/acc/mean"
+TRAIN_NUM_GEN_BATCHES = "train/num_gen_batches"
+TRAIN_KEPT_GROUPS_FRAC = "train/kept_groups_frac"
+TRAIN_ZERO_STD_GROUPS_FRAC = "train/zero_std_groups_frac"
+
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_MIN = "response_length/min"
+RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"
+PROMPT_LENGTH_MEAN = "prompt_length/mean"
+
+OVERLONG_PENALTY_MEAN = "overlong/penalty_mean"
+OVERLONG_FRAC = "overlong/frac"
+
+ROLLOUT_REFLECTION_RATE = "rollout/reflection_rate"
+
+TIMING_PHASES = (
+    "gen",
+    "reward",
+    "filter",
+    "old_log_prob",
+    "adv",
+    "update_actor",
+    "sync_weights",
+    "save_checkpoint",
+    "testing",
+    "step",
+)
+
+PERF_THROUGHPUT = "perf/throughput"
+PERF_TIME_PER_STEP = "perf/time_per_step"
+PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+PERF_CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
+
+_MLFLOW_KEY = re.compile(r"^[A-Za-z0-9_\-./: ]+$")
+
+
+def timing(phase: str) -> str:
+    """``timing_s/<phase>`` for one of TIMING_PHASES."""
+    if phase not in TIMING_PHASES:
+        raise ValueError(f"unknown timing phase {phase!r}; valid phases: {', '.join(TIMING_PHASES)}")
+    return f"timing_s/{phase}"
+
+
+def stat(prefix: str, which: str) -> str:
+    """``<prefix>/<mean|max|min>``, e.g. ``stat(CRITIC_SCORE, "mean") == "critic/score/mean"``."""
+    if which not in STATS:
+        raise ValueError(f"unknown statistic {which!r}; valid: {', '.join(STATS)}")
+    return f"{prefix}/{which}"
+
+
+def val_metric(data_source: str, kind: str, k: int) -> str:
+    """``val/<data_source>/acc/<kind>_at_<k>`` with kind in {mean, pass, maj}."""
+    if kind not in ("mean", "pass", "maj"):
+        raise ValueError(f"unknown validation metric kind {kind!r}; valid: mean, pass, maj")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    key = f"val/{data_source}/acc/{kind}_at_{k}"
+    if not is_valid_mlflow_key(key):
+        raise ValueError(f"data source {data_source!r} gives an invalid MLflow key {key!r}")
+    return key
+
+
+def is_valid_mlflow_key(key: str) -> bool:
+    return bool(_MLFLOW_KEY.match(key))
+
+
+def training_metric_names() -> list[str]:
+    """Every training metric (not val/* or rollout/reflection_rate, which come from evaluation)."""
+    names = [
+        ACTOR_PG_LOSS,
+        ACTOR_PG_CLIPFRAC,
+        ACTOR_PG_CLIPFRAC_HIGH,
+        ACTOR_PG_CLIPFRAC_LOW,
+        ACTOR_PPO_KL,
+        ACTOR_ENTROPY,
+        ACTOR_MEAN_PROB,
+        ACTOR_GRAD_NORM,
+        ACTOR_LR,
+    ]
+    names += [stat(p, s) for p in (CRITIC_SCORE, CRITIC_REWARDS, CRITIC_ADVANTAGES) for s in STATS]
+    names += [
+        TRAIN_ACC_MEAN,
+        TRAIN_NUM_GEN_BATCHES,
+        TRAIN_KEPT_GROUPS_FRAC,
+        TRAIN_ZERO_STD_GROUPS_FRAC,
+        TRAIN_GEN_BATCHES_TOTAL,
+        RESPONSE_LENGTH_MEAN,
+        RESPONSE_LENGTH_MAX,
+        RESPONSE_LENGTH_MIN,
+        RESPONSE_LENGTH_CLIP_RATIO,
+        PROMPT_LENGTH_MEAN,
+        OVERLONG_PENALTY_MEAN,
+        OVERLONG_FRAC,
+    ]
+    names += [timing(p) for p in TIMING_PHASES]
+    names += [PERF_THROUGHPUT, PERF_TIME_PER_STEP, PERF_TOTAL_NUM_TOKENS, PERF_CPU_MEMORY_USED_GB]
+    return names

@@ -1,0 +1,117 @@
+"""The clipped policy-gradient objective of DAPO (Eq. 8-10) and of the GRPO baseline.
+
+For each response token (i, t), with r = pi_theta / pi_old and advantage A_i:
+
+    L_it = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          # DAPO Eq. 8 (Clip-Higher, Eq. 10)
+
+and, with dual-clip (Ye et al. 2020, used by verl's DAPO recipe with c = 10), for A < 0 the loss is further
+bounded: L_it = min(L_it, -c * A), so a very large ratio on a negative-advantage token cannot blow up the loss.
+GRPO is the same function with eps_high = eps_low and ``loss_agg="seq-mean-token-mean"``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dapo_core.algorithm.aggregation import agg_loss
+from dapo_core.algorithm.masked import masked_mean
+
+# log-ratio clamp before exp: keeps the ratio finite when old and new policies disagree wildly
+# (exp(20) ~ 4.9e8); the clipped objective makes the exact value irrelevant past this point.
+LOG_RATIO_CLAMP = 20.0
+
+
+def policy_loss(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    clip_c: float | None = None,
+    loss_agg: str = "token-mean",
+    global_num_tokens: float | Tensor | None = None,
+    global_num_seqs: float | Tensor | None = None,
+    norm_length: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Clipped surrogate loss with decoupled clip range, optional dual-clip and a chosen aggregation.
+
+    Args:
+        log_probs: (N, T) log pi_theta(o_t | q, o_<t) of the sampled tokens (requires grad).
+        old_log_probs: (N, T) the same under pi_old (the policy that generated the batch).
+        advantages: (N, T) or (N,) per-token advantages (GRPO/DAPO broadcast one value per response).
+        response_mask: (N, T) 1 for tokens that count (response tokens, not padding / filtered responses).
+        clip_low: eps_low (paper 0.2). clip_high: eps_high (paper 0.28; GRPO 0.2).
+        clip_c: dual-clip constant c > 1 for negative advantages (verl DAPO: 10); None disables it.
+        loss_agg: aggregation mode, see ``dapo_core.algorithm.aggregation``.
+        global_num_tokens / global_num_seqs / norm_length: denominators, see ``agg_loss``; pass the counts of the
+            whole mini-batch (across micro-batches and ranks) to make micro-batch losses sum to the mini-batch loss.
+
+    Returns:
+        (loss, metrics): a 0-dim loss tensor; metrics with bare keys (callers prefix ``actor/``):
+        pg_loss, pg_clipfrac (any side), pg_clipfrac_high, pg_clipfrac_low, pg_clipfrac_dual, ppo_kl;
+        all masked token means over this call's tokens.
+    """
+    if not (log_probs.shape == old_log_probs.shape == response_mask.shape):
+        raise ValueError(
+            "log_probs, old_log_probs and response_mask must share one (N, T) shape; got "
+            f"{tuple(log_probs.shape)}, {tuple(old_log_probs.shape)}, {tuple(response_mask.shape)}"
+        )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # (N, 1) broadcast over T
+    if advantages.shape[0] != log_probs.shape[0]:
+        raise ValueError(f"advantages has {advantages.shape[0]} rows, log_probs has {log_probs.shape[0]}")
+    if clip_low < 0 or clip_high < clip_low:
+        raise ValueError(f"need 0 <= clip_low <= clip_high, got clip_low={clip_low}, clip_high={clip_high}")
+    if clip_c is not None and clip_c <= 1.0:
+        raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
+
+    mask = response_mask.to(log_probs.dtype)  # (N, T)
+    old_log_probs = old_log_probs.detach()
+    advantages = advantages.detach().to(log_probs.dtype)
+
+    log_ratio = torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
+    ratio = torch.exp(log_ratio)  # (N, T)  r_it(theta), DAPO Eq. 9
+
+    # DAPO Eq. 8/10: clip-higher, decoupled eps_low / eps_high
+    pg_losses_unclipped = -advantages * ratio  # (N, T)
+    pg_losses_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # (N, T)
+    pg_losses = torch.maximum(pg_losses_unclipped, pg_losses_clipped)  # (N, T)  = -min(rA, clip(r)A)
+
+    if clip_c is not None:
+        # dual-clip: for A < 0 bound the loss by -c*A (the surrogate can no longer grow without limit)
+        pg_losses_dual = -advantages * clip_c  # (N, T) or (N, 1)
+        bounded = torch.minimum(pg_losses, pg_losses_dual)
+        pg_losses = torch.where(advantages < 0, bounded, pg_losses)  # (N, T)
+
+    loss = agg_loss(
+        pg_losses,
+        mask,
+        loss_agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+
+    # Diagnostics next to the loss (CleanRL style), under no_grad, masked token means.
+    with torch.no_grad():
+        adv = advantages.expand_as(ratio)
+        clipped_any = pg_losses_clipped > pg_losses_unclipped  # the clipped term is the active one
+        clipped_high = clipped_any & (adv > 0) & (ratio > 1.0 + clip_high)
+        clipped_low = clipped_any & (adv < 0) & (ratio < 1.0 - clip_low)
+        if clip_c is not None:
+            clipped_dual = (adv < 0) & (ratio > clip_c)
+        else:
+            clipped_dual = torch.zeros_like(clipped_any)
+        metrics = {
+            "pg_loss": float(loss.detach()),
+            "pg_clipfrac": float(masked_mean(clipped_any.to(mask.dtype), mask)),
+            "pg_clipfrac_high": float(masked_mean(clipped_high.to(mask.dtype), mask)),
+            "pg_clipfrac_low": float(masked_mean(clipped_low.to(mask.dtype), mask)),
+            "pg_clipfrac_dual": float(masked_mean(clipped_dual.to(mask.dtype), mask)),
+            # k1 estimator of KL(pi_old || pi_theta): mean of (old - new) log-ratio
+            "ppo_kl": float(masked_mean(-log_ratio, mask)),
+        }
+    return loss, metrics
