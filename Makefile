@@ -22,7 +22,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/dapo pipeline
+	@if $(BIN)/dapo pipeline --help >/dev/null 2>&1; then \
+		$(BIN)/dapo pipeline; \
+	else \
+		echo "== dapo-flow: the end-to-end pipeline (curate -> base model -> train -> evaluate) is not built yet."; \
+		echo "== What exists: the algorithm core, rewards, config/recipes and engines (see README 'Status')."; \
+		echo "== The resolved default config (params.yaml) that the pipeline will run:"; \
+		$(BIN)/dapo config show; \
+	fi
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -35,7 +42,7 @@ format: $(STAMP)
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run_all
+	@for b in benchmarks/bench_*.py; do m=$${b%.py}; $(BIN)/python -m $${m//\//.} || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV)

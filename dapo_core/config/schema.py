@@ -1,0 +1,466 @@
+"""The one typed config of dapo-flow: a pydantic model per concern, checked for consistency at load.
+
+Every field's description names the paper symbol (DAPO, arXiv 2503.14476) and the value of the paper / verl's
+DAPO-Qwen2.5-32B script; the defaults are those values unless the field says otherwise. Recipes in `recipes/`
+set the rest. Unknown keys are rejected (`extra="forbid"`); impossible combinations fail in
+`DapoConfig._check_consistency` with one line per problem giving the value, the rule and the fix.
+
+    from dapo_core.config import load_config
+    cfg = load_config(recipe="tiny-dapo", overrides=["trainer.lr=3e-4"])
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_ARTIFACT_LOCATION = "./mlartifacts"
+
+
+class _Section(BaseModel):
+    """Base of every config section: unknown keys are an error, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    train_files: list[str] = Field(
+        default=["outputs/curated/train.parquet"],
+        description="Training prompt files (parquet/jsonl). verl DAPO: dapo-math-17k.parquet (DAPO-Math-17k).",
+    )
+    val_files: list[str] = Field(
+        default=["outputs/curated/val.parquet"],
+        description="Validation prompt files. verl DAPO: aime-2024.parquet (AIME 2024, avg@32).",
+    )
+    prompt_key: str = Field(default="prompt", description="Column holding the prompt. verl: prompt.")
+    template: str = Field(
+        default="dapo",
+        description='Prompt template name: "dapo" (the DAPO-Math-17k instruction with the "Answer:" line) or '
+        '"tiny" (the CPU arithmetic task).',
+    )
+    max_prompt_length: int = Field(
+        default=2048,
+        gt=0,
+        description="Max prompt tokens (verl truncates longer prompts on the left). Paper/verl: 2048.",
+    )
+    max_response_length: int = Field(
+        default=20480, gt=0, description="L_max, max generated tokens (Eq. 13). Paper/verl: 20480."
+    )
+    train_batch_size: int = Field(
+        default=512, gt=0, description="B, prompt groups per training step (after filtering). Paper: 512."
+    )
+    gen_batch_size: int = Field(
+        default=1536,
+        gt=0,
+        description="Prompts per generation batch; dynamic sampling draws these until train_batch_size groups "
+        "are kept. verl DAPO-32B: 1536 (3 x 512). Without dynamic sampling keep it equal to train_batch_size.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle the training prompts each epoch. verl: true.")
+    seed: int | None = Field(default=None, description="Data-order seed; null -> trainer.seed.")
+
+
+class TinyModelConfig(_Section):
+    """The CPU stand-in policy: a Qwen2 architecture built from this config (~1M parameters)."""
+
+    hidden_size: int = Field(default=128, gt=0, description="Hidden width of the tiny Qwen2 model.")
+    num_hidden_layers: int = Field(default=4, gt=0, description="Transformer blocks of the tiny model.")
+    num_attention_heads: int = Field(default=4, gt=0, description="Query heads; must divide hidden_size.")
+    num_key_value_heads: int = Field(default=2, gt=0, description="KV heads (GQA); must divide the query heads.")
+    intermediate_size: int = Field(default=512, gt=0, description="MLP width of the tiny model.")
+    max_position_embeddings: int = Field(default=256, gt=0, description="Context length of the tiny model.")
+    tie_word_embeddings: bool = Field(default=True, description="Share input and output embeddings.")
+    rope_theta: float = Field(default=10000.0, gt=0, description="RoPE base frequency.")
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        default="outputs/base_model",
+        description="Policy weights: a local HF directory or a hub id. Paper: Qwen/Qwen2.5-32B (base).",
+    )
+    tokenizer_path: str | None = Field(default=None, description="Tokenizer directory or hub id; null -> path.")
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit) of path.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="bfloat16", description="Parameter/compute dtype. verl DAPO-32B: bfloat16."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow model code from the hub (off: safer).")
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in backward. verl DAPO-32B: true."
+    )
+    tiny: TinyModelConfig = Field(
+        default_factory=TinyModelConfig, description="Architecture of the CPU stand-in model (tiny recipes)."
+    )
+
+
+class RolloutConfig(_Section):
+    backend: Literal["hf", "vllm"] = Field(
+        default="vllm", description="Generation engine: hf (transformers, CPU) or vllm (GPU). verl DAPO: vllm."
+    )
+    n: int = Field(default=16, gt=0, description="G, responses sampled per prompt (Eq. 8). Paper: 16.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training. Paper: 1.0.")
+    top_p: float = Field(default=1.0, description="Nucleus top-p for training, in (0, 1]. Paper: 1.0.")
+    top_k: int = Field(default=-1, description="Top-k for training; -1 = off. verl DAPO: -1.")
+    max_new_tokens: int | None = Field(
+        default=None, gt=0, description="Generation cap; null -> data.max_response_length (L_max)."
+    )
+    micro_batch_size: int = Field(
+        default=32, gt=0, description="Prompts per generate call on the hf backend (vLLM batches itself)."
+    )
+    val_n: int = Field(default=32, gt=0, description="k samples per validation prompt for avg@k. Paper: 32.")
+    val_temperature: float = Field(default=1.0, gt=0, description="Validation temperature. Paper: 1.0.")
+    val_top_p: float = Field(default=0.7, description="Validation top-p, in (0, 1]. Paper/verl: 0.7.")
+    val_top_k: int = Field(default=-1, description="Validation top-k; -1 = off. verl: -1.")
+    tensor_parallel_size: int = Field(default=4, gt=0, description="vLLM tensor parallel size. verl 32B: 4.")
+    gpu_memory_utilization: float = Field(default=0.8, description="vLLM share of GPU memory, in (0, 1]. verl: 0.8.")
+    enable_chunked_prefill: bool = Field(default=True, description="vLLM chunked prefill. verl: true.")
+    max_num_batched_tokens: int = Field(
+        default=22528, gt=0, description="vLLM tokens per scheduler step. verl: prompt + response = 22528."
+    )
+    free_cache_engine: bool = Field(
+        default=True, description="Sleep/wake vLLM (free its KV cache) around updates when colocated. verl: true."
+    )
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs in vLLM. verl DAPO: false.")
+
+
+class DynamicSamplingConfig(_Section):
+    enable: bool = Field(
+        default=True,
+        description="Dynamic sampling (Sec. 3.2, Eq. 11): keep only groups with 0 < #correct < G. Paper: on.",
+    )
+    metric: Literal["acc", "score"] = Field(
+        default="acc", description="Per-response value whose group variance decides. verl DAPO: acc."
+    )
+    max_num_gen_batches: int = Field(
+        default=10, description="Generation batches per step before giving up; <= 0 = unlimited. verl: 10."
+    )
+    on_exhausted: Literal["error", "continue"] = Field(
+        default="error",
+        description="When max_num_gen_batches is hit: error, or continue with the groups kept so far.",
+    )
+
+
+class OverlongConfig(_Section):
+    shaping: bool = Field(
+        default=True, description="Soft overlong punishment (Sec. 3.4, Eq. 13) added to the reward. Paper: on."
+    )
+    buffer_length: int = Field(
+        default=4096, gt=0, description="L_cache, the penalty ramp before L_max (Eq. 13). Paper: 4096."
+    )
+    penalty_factor: float = Field(
+        default=1.0, ge=0, description="Penalty at L_max (the ramp ends at -penalty_factor). verl: 1.0."
+    )
+    filtering: bool = Field(
+        default=False,
+        description="Overlong filtering (Sec. 3.4; the first step of Table 1): mask truncated responses out of the loss. "
+        "verl DAPO script: off.",
+    )
+
+
+class AlgorithmConfig(_Section):
+    adv_estimator: Literal["grpo"] = Field(
+        default="grpo", description="Advantage estimator: group-normalised outcome reward (Eq. 9). DAPO: grpo."
+    )
+    norm_adv_by_std: bool = Field(
+        default=True, description="Divide (r - mean) by the group std (Eq. 9). Paper: true (Dr. GRPO: false)."
+    )
+    clip_low: float = Field(default=0.2, description="eps_low, lower clip: ratio >= 1 - eps_low (Eq. 10). 0.2.")
+    clip_high: float = Field(
+        default=0.28, description="eps_high, Clip-Higher upper clip: ratio <= 1 + eps_high (Eq. 10). DAPO: 0.28."
+    )
+    clip_c: float | None = Field(
+        default=10.0, description="Dual-clip c for negative advantages (> 1); null = off. verl DAPO: 10.0."
+    )
+    loss_agg: LossAgg = Field(
+        default="token-mean",
+        description="Loss aggregation: token-mean (DAPO token-level loss, Eq. 12) or a sample-level mode "
+        "(GRPO: seq-mean-token-mean).",
+    )
+    norm_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="Dr. GRPO constant for seq-mean-token-sum-norm only; null -> data.max_response_length.",
+    )
+    kl_coef: float = Field(default=0.0, ge=0, description="KL penalty coefficient (removed in DAPO Sec. 2.3). 0.")
+    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus (entropy is still logged). 0.")
+    reward_fn: str = Field(
+        default="math_dapo", description='Rule reward: +1 correct / -1 otherwise (Eq. 7). DAPO: "math_dapo".'
+    )
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default_factory=DynamicSamplingConfig, description="Dynamic sampling (Sec. 3.2)."
+    )
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig, description="Overlong reward shaping and filtering (Sec. 3.4)."
+    )
+
+
+class TrainerConfig(_Section):
+    total_steps: int = Field(
+        default=320, gt=0, description="Rollout (optimizer-facing) steps. Paper: ~5k gradient steps = ~320."
+    )
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over each rollout batch. Paper/verl: 1.")
+    ppo_mini_batch_size: int = Field(
+        default=32, gt=0, description="Prompts per gradient update. Paper: 32 (16 updates per step of 512)."
+    )
+    micro_batch_size: int = Field(
+        default=8, gt=0, description="Responses per forward/backward micro-batch (gradient accumulation)."
+    )
+    lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate. Paper: 1e-6.")
+    lr_warmup_steps: int = Field(
+        default=20, ge=0, description="Linear warm-up in rollout steps. Paper: 20 (verl script: 10)."
+    )
+    lr_scheduler: Literal["constant", "cosine"] = Field(
+        default="constant", description="LR schedule after warm-up. Paper: constant."
+    )
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Cosine floor as a fraction of lr (cosine only).")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW weight decay. verl DAPO: 0.1.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas. verl: (0.9, 0.999).")
+    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip. verl DAPO: 1.0.")
+    save_freq: int = Field(default=25, description="Checkpoint every k steps (<= 0: only at the end). verl: 25.")
+    test_freq: int = Field(default=5, description="Validate every k steps; <= 0: no periodic validation. verl: 5.")
+    val_before_train: bool = Field(default=True, description="Validate the initial policy. verl DAPO: true.")
+    seed: int = Field(default=42, description="Root seed; every sample's seed derives from it.")
+    max_ckpt_to_keep: int | None = Field(
+        default=None, gt=0, description="Keep only the newest k checkpoints; null = keep all."
+    )
+    output_dir: str = Field(default="outputs", description="Root of run outputs: <output_dir>/<run_name>/.")
+    device: str = Field(default="auto", description='Torch device: "auto" (cuda if present), "cpu", "cuda".')
+
+
+class TrackingConfig(_Section):
+    uri: str | None = Field(
+        default=None, description=f"MLflow tracking URI; null -> {DEFAULT_TRACKING_URI} (env MLFLOW_TRACKING_URI)."
+    )
+    artifact_location: str | None = Field(
+        default=None, description=f"MLflow artifact root for new experiments; null -> {DEFAULT_ARTIFACT_LOCATION}."
+    )
+    experiment: str = Field(default="dapo-flow", description="MLflow experiment name.")
+    run_name: str | None = Field(
+        default=None, description="MLflow run name and outputs/<run_name>/; null -> <recipe>-<timestamp>."
+    )
+    log_system_metrics: bool = Field(default=True, description="Log CPU/GPU/memory system metrics to MLflow.")
+
+
+class ResourcesConfig(_Section):
+    executor: Literal["local", "ray"] = Field(
+        default="local", description="Run actors in-process (local) or on a Ray cluster. verl: ray."
+    )
+    ray_address: str | None = Field(
+        default=None, description="Ray cluster to join; null -> a local one (env RAY_ADDRESS)."
+    )
+    num_cpus: int | None = Field(default=2, gt=0, description="CPUs of a local Ray cluster; null = all.")
+    nnodes: int = Field(default=1, gt=0, description="Nodes. verl DAPO-32B: 16.")
+    n_gpus_per_node: int = Field(default=0, ge=0, description="GPUs per node. verl DAPO-32B: 8.")
+    trainer_world_size: int = Field(default=1, gt=0, description="Trainer ranks (FSDP2). verl 32B: 128.")
+    rollout_workers: int = Field(default=1, gt=0, description="Rollout engines (one per TP group on GPU).")
+    reward_workers: int = Field(default=1, gt=0, description="Reward-scoring worker processes.")
+    placement: Literal["colocate", "split"] = Field(
+        default="colocate", description="Rollout and trainer on the same GPUs (verl) or separate ones."
+    )
+
+
+class DapoConfig(_Section):
+    """The whole resolved configuration of one run (see `dapo_core.config.load_config`)."""
+
+    recipe: str = Field(description="Name of the recipe (or config file) this config came from.")
+    data: DataConfig = Field(
+        default_factory=DataConfig, description="Prompt files, template, lengths, batch sizes (curate, train)."
+    )
+    model: ModelConfig = Field(
+        default_factory=ModelConfig, description="Policy model and the tiny CPU stand-in (base model, train)."
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Sampling for training and validation; engines (train, evaluate)."
+    )
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig,
+        description="DAPO / GRPO objective, reward, filtering, shaping (train).",
+    )
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig, description="Optimizer, steps, checkpoints, validation cadence (train)."
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="MLflow store, experiment and run name (every stage)."
+    )
+    resources: ResourcesConfig = Field(
+        default_factory=ResourcesConfig,
+        description="Local or Ray execution, GPUs and placement (train, evaluate).",
+    )
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> DapoConfig:
+        problems = [
+            *_batch_problems(self),
+            *_clip_problems(self.algorithm),
+            *_sampling_problems(self),
+            *_length_problems(self),
+            *_engine_problems(self),
+        ]
+        if problems:
+            # One line per problem; the loader turns these into a ConfigError.
+            raise ValueError("\n".join(problems))
+        return self
+
+
+# ---------------- consistency rules: each returns "location (value) rule: fix" lines ----------------
+
+
+def _nearest_divisors(n: int, near: int, k: int = 2) -> list[int]:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return sorted(sorted(divisors, key=lambda d: (abs(d - near), d))[:k])
+
+
+def _batch_problems(cfg: DapoConfig) -> list[str]:
+    out = []
+    b, mini = cfg.data.train_batch_size, cfg.trainer.ppo_mini_batch_size
+    if b % mini:
+        hint = " or ".join(str(d) for d in _nearest_divisors(b, mini))
+        out.append(
+            f"trainer.ppo_mini_batch_size ({mini}) must divide data.train_batch_size ({b}): "
+            f"pick a divisor such as {hint}"
+        )
+    if cfg.data.gen_batch_size < b:
+        out.append(
+            f"data.gen_batch_size ({cfg.data.gen_batch_size}) must be >= data.train_batch_size ({b}): "
+            f"a step keeps train_batch_size groups out of the generated ones; set it to at least {b} "
+            f"(verl DAPO: 3 x train_batch_size)"
+        )
+    return out
+
+
+def _clip_problems(alg: AlgorithmConfig) -> list[str]:
+    out = []
+    if not 0 <= alg.clip_low < 1:
+        out.append(
+            f"algorithm.clip_low ({alg.clip_low}) must be in [0, 1): the lower bound 1 - eps_low must stay "
+            f"positive (Eq. 10); use 0.2"
+        )
+    elif alg.clip_high < alg.clip_low:
+        out.append(
+            f"algorithm.clip_low ({alg.clip_low}) must be <= algorithm.clip_high ({alg.clip_high}): "
+            f"Clip-Higher only raises the upper bound (Eq. 10); set clip_high >= clip_low (DAPO: 0.2 / 0.28)"
+        )
+    if alg.clip_c is not None and alg.clip_c <= 1:
+        out.append(
+            f"algorithm.clip_c ({alg.clip_c}) must be > 1 when set: dual-clip caps the ratio at c for negative "
+            f"advantages; use 10.0 (verl DAPO) or null to turn it off"
+        )
+    if alg.norm_length is not None and alg.loss_agg != "seq-mean-token-sum-norm":
+        out.append(
+            f"algorithm.norm_length ({alg.norm_length}) only applies to loss_agg 'seq-mean-token-sum-norm' "
+            f"(got '{alg.loss_agg}'): remove it, or set algorithm.loss_agg=seq-mean-token-sum-norm"
+        )
+    return out
+
+
+def _sampling_problems(cfg: DapoConfig) -> list[str]:
+    out = []
+    ro = cfg.rollout
+    for key, value, advice in (("top_p", ro.top_p, "1.0 (paper)"), ("val_top_p", ro.val_top_p, "0.7 (paper)")):
+        if not 0 < value <= 1:
+            out.append(f"rollout.{key} ({value}) must be in (0, 1]: it is a probability mass; use {advice}")
+    for key, value in (("top_k", ro.top_k), ("val_top_k", ro.val_top_k)):
+        if value == 0 or value < -1:
+            out.append(f"rollout.{key} ({value}) must be -1 (off) or >= 1: use -1 as the paper")
+    if not 0 < ro.gpu_memory_utilization <= 1:
+        out.append(
+            f"rollout.gpu_memory_utilization ({ro.gpu_memory_utilization}) must be in (0, 1]: "
+            f"it is a fraction of GPU memory; use 0.8 (verl)"
+        )
+    if cfg.algorithm.dynamic_sampling.enable and ro.n < 2:
+        out.append(
+            f"rollout.n ({ro.n}) must be >= 2 when algorithm.dynamic_sampling.enable is on: a group of one "
+            f"never varies, so every group would be filtered out; use n >= 2 (paper: 16) or disable it"
+        )
+    return out
+
+
+def _length_problems(cfg: DapoConfig) -> list[str]:
+    out = []
+    max_len = cfg.data.max_response_length
+    ov = cfg.algorithm.overlong
+    if ov.shaping and ov.buffer_length >= max_len:
+        out.append(
+            f"algorithm.overlong.buffer_length ({ov.buffer_length}) must be < data.max_response_length "
+            f"({max_len}) when algorithm.overlong.shaping is on: the penalty ramps over the last buffer_length "
+            f"tokens (Eq. 13); use about a fifth of it (paper: 4096 of 20480) or turn shaping off"
+        )
+    new = cfg.rollout.max_new_tokens
+    if new is not None and new > max_len:
+        out.append(
+            f"rollout.max_new_tokens ({new}) must be <= data.max_response_length ({max_len}): lengths past L_max "
+            f"break the overlong penalty (Eq. 13); lower it or set null"
+        )
+    return out
+
+
+def _engine_problems(cfg: DapoConfig) -> list[str]:
+    out = []
+    tiny = cfg.model.tiny
+    if tiny.hidden_size % tiny.num_attention_heads:
+        out.append(
+            f"model.tiny.num_attention_heads ({tiny.num_attention_heads}) must divide model.tiny.hidden_size "
+            f"({tiny.hidden_size}): pick a divisor such as "
+            + " or ".join(str(d) for d in _nearest_divisors(tiny.hidden_size, tiny.num_attention_heads))
+        )
+    if tiny.num_attention_heads % tiny.num_key_value_heads:
+        out.append(
+            f"model.tiny.num_key_value_heads ({tiny.num_key_value_heads}) must divide "
+            f"model.tiny.num_attention_heads ({tiny.num_attention_heads}): pick a divisor such as "
+            + " or ".join(str(d) for d in _nearest_divisors(tiny.num_attention_heads, tiny.num_key_value_heads))
+        )
+    res = cfg.resources
+    if cfg.rollout.backend == "vllm" and res.n_gpus_per_node == 0:
+        out.append(
+            "rollout.backend ('vllm') needs GPUs but resources.n_gpus_per_node is 0: set "
+            "resources.n_gpus_per_node, or use rollout.backend=hf on CPU"
+        )
+    elif cfg.rollout.backend == "vllm" and cfg.rollout.tensor_parallel_size > res.nnodes * res.n_gpus_per_node:
+        out.append(
+            f"rollout.tensor_parallel_size ({cfg.rollout.tensor_parallel_size}) must be <= the GPUs available "
+            f"({res.nnodes} x {res.n_gpus_per_node}): lower it or add GPUs"
+        )
+    if not all(0 <= beta < 1 for beta in cfg.trainer.betas):
+        out.append(f"trainer.betas ({list(cfg.trainer.betas)}) must each be in [0, 1): use [0.9, 0.999]")
+    return out
+
+
+# ---------------- resolution helpers: derived values, without mutating the config ----------------
+
+
+def resolved_run_name(cfg: DapoConfig, now: datetime | None = None) -> str:
+    """`tracking.run_name`, or `<recipe>-<YYYYmmdd-HHMMSS>` at `now` (default: the current local time)."""
+    if cfg.tracking.run_name:
+        return cfg.tracking.run_name
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.recipe}-{stamp}"
+
+
+def resolved_tracking_uri(cfg: DapoConfig) -> str:
+    """`tracking.uri`, or the local SQLite store `sqlite:///mlflow.db`."""
+    return cfg.tracking.uri or DEFAULT_TRACKING_URI
+
+
+def resolved_artifact_location(cfg: DapoConfig) -> str:
+    """`tracking.artifact_location`, or `./mlartifacts`."""
+    return cfg.tracking.artifact_location or DEFAULT_ARTIFACT_LOCATION
+
+
+def resolved_max_new_tokens(cfg: DapoConfig) -> int:
+    """`rollout.max_new_tokens`, or L_max = `data.max_response_length`."""
+    return cfg.rollout.max_new_tokens or cfg.data.max_response_length
+
+
+def resolved_data_seed(cfg: DapoConfig) -> int:
+    """`data.seed`, or `trainer.seed`."""
+    return cfg.trainer.seed if cfg.data.seed is None else cfg.data.seed
+
+
+def resolved_norm_length(cfg: DapoConfig) -> int | None:
+    """Dr. GRPO's constant for `seq-mean-token-sum-norm` (default L_max); None for every other mode."""
+    if cfg.algorithm.loss_agg != "seq-mean-token-sum-norm":
+        return None
+    return cfg.algorithm.norm_length or cfg.data.max_response_length

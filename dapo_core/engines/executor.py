@@ -1,0 +1,220 @@
+"""The executor interface: what flows call to run Algorithm 1's heavy phases, wherever the models live.
+
+``LocalExecutor`` runs everything in this process (the CPU default); the Ray issue adds ``RayExecutor`` with the
+same methods, so flows never care which they get. Executors own the models: flows and tasks pass prompts, texts,
+small dataclasses and paths, never model objects.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dapo_core.config import DapoConfig
+from dapo_core.engines.batch import PolicyBatch
+from dapo_core.engines.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
+from dapo_core.engines.rollout import RolloutResult, SamplingConfig, get_rollout_backend_cls
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+from dapo_core.rewards import ScoredBatch, score_batch
+
+logger = logging.getLogger(__name__)
+
+
+def optim_config_from(cfg: DapoConfig) -> OptimConfig:
+    t = cfg.trainer
+    return OptimConfig(
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        betas=tuple(t.betas),  # type: ignore[arg-type]
+        grad_clip=t.grad_clip,
+        warmup_steps=t.lr_warmup_steps,
+        scheduler=t.lr_scheduler,
+        total_steps=t.total_steps,
+        min_lr_ratio=t.min_lr_ratio,
+    )
+
+
+def loss_config_from(cfg: DapoConfig) -> LossConfig:
+    a = cfg.algorithm
+    norm_length = a.norm_length
+    if a.loss_agg == "seq-mean-token-sum-norm" and norm_length is None:
+        norm_length = cfg.data.max_response_length  # Dr. GRPO: one constant for every sequence
+    return LossConfig(
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        clip_c=a.clip_c,
+        loss_agg=a.loss_agg,
+        norm_length=norm_length,
+        entropy_coef=a.entropy_coef,
+    )
+
+
+def sampling_from(cfg: DapoConfig, *, seed: int, validation: bool = False, log_probs: bool = False) -> SamplingConfig:
+    """Training (paper: T=1.0, top_p=1.0, G=n) or validation (T=1.0, top_p=0.7, k=val_n) sampling."""
+    r = cfg.rollout
+    max_new = r.max_new_tokens if r.max_new_tokens is not None else cfg.data.max_response_length
+    if validation:
+        return SamplingConfig(
+            n=r.val_n, temperature=r.val_temperature, top_p=r.val_top_p, top_k=r.val_top_k,
+            max_new_tokens=max_new, seed=seed, return_log_probs=log_probs,
+        )  # fmt: skip
+    return SamplingConfig(
+        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        max_new_tokens=max_new, seed=seed, return_log_probs=log_probs,
+    )  # fmt: skip
+
+
+class Executor(abc.ABC):
+    """Generate, score, compute log-probs, update, sync, checkpoint — the operations a training flow needs."""
+
+    cfg: DapoConfig
+
+    @property
+    @abc.abstractmethod
+    def tokenizer(self) -> Any: ...
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """Version of the weights the rollout engines hold (bumped by every ``sync_weights``)."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]: ...
+
+    @abc.abstractmethod
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
+        """Reward dicts (score, acc, pred) per response; failed items count as wrong (num_failed)."""
+
+    @abc.abstractmethod
+    def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """(N, T) log-probs (and entropy) under the current policy; used for pi_old before the update."""
+
+    @abc.abstractmethod
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        """One rollout step's policy update (ppo_epochs x mini-batches); bare metric names."""
+
+    @abc.abstractmethod
+    def sft_step(self, batch: PolicyBatch) -> dict[str, float]: ...
+
+    @abc.abstractmethod
+    def sync_weights(self) -> int:
+        """Push the trainer's weights to the rollout engines; returns the new weight version."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path: ...
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Restore weights, optimizer, scheduler and RNG; returns the checkpoint's JSON meta."""
+
+    @abc.abstractmethod
+    def export_model(self, path: str | Path) -> Path:
+        """Write the current policy as an HF directory (model + tokenizer)."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (actors, processes). No-op for in-process executors."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class LocalExecutor(Executor):
+    """Everything in this process. Rollout and training share one model object (a hybrid engine, as verl's
+    colocated mode), so ``sync_weights`` only bumps the version: no copy is needed."""
+
+    def __init__(self, cfg: DapoConfig, *, model_path: str | None = None) -> None:
+        self.cfg = cfg
+        path = model_path or cfg.model.path
+        self.device = resolve_device(cfg.trainer.device)
+        self.model = load_model(
+            path,
+            dtype=cfg.model.dtype,
+            revision=cfg.model.revision,
+            trust_remote_code=cfg.model.trust_remote_code,
+            device=self.device,
+        )
+        self._tokenizer = load_tokenizer(
+            cfg.model.tokenizer_path or path, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self.trainer = PolicyTrainer(
+            self.model,
+            optim_config_from(cfg),
+            micro_batch_size=cfg.trainer.micro_batch_size,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            device=self.device,
+        )
+        backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
+        self.rollout = backend_cls(self.model, self._tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+        self.loss_cfg = loss_config_from(cfg)
+        self._version = 0
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
+        return self.rollout.generate(prompts, sampling)
+
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
+        return score_batch(self.cfg.algorithm.reward_fn, completions, ground_truths)
+
+    def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        return self.trainer.compute_log_probs(batch, with_entropy=with_entropy)
+
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        return self.trainer.update(
+            batch,
+            self.loss_cfg,
+            ppo_epochs=self.cfg.trainer.ppo_epochs,
+            mini_batch_groups=self.cfg.trainer.ppo_mini_batch_size,
+        )
+
+    def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
+        return self.trainer.sft_step(batch)
+
+    def sync_weights(self) -> int:
+        # shared model object: the rollout already sees the new weights; record the version it now holds
+        self._version += 1
+        self.rollout.mark_in_sync(self._version)
+        return self._version
+
+    def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path:
+        return save_checkpoint(
+            root,
+            step,
+            model=self.model,
+            tokenizer=self._tokenizer,
+            trainer_state=self.trainer.state_dict(),
+            meta={**meta, "weight_version": self._version},
+            max_to_keep=self.cfg.trainer.max_ckpt_to_keep,
+        )
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        loaded: LoadedCheckpoint = load_checkpoint(path, model=self.model)
+        self.trainer.load_state_dict(loaded.trainer_state)
+        self._version = int(loaded.meta.get("weight_version", self._version))
+        self.rollout.mark_in_sync(self._version)
+        return loaded.meta
+
+    def export_model(self, path: str | Path) -> Path:
+        return save_hf_dir(self.model, self._tokenizer, path)
+
+
+def policy_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Detached CPU copy of a model's weights (what a weight sync ships)."""
+    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,31 @@
+"""Rollout backends: ``hf`` (transformers, CPU default) and, lazily, ``vllm`` (GPU).
+
+backend_cls = get_rollout_backend_cls("hf")
+backend = backend_cls(model, tokenizer, micro_batch_size=64)
+results = backend.generate(prompt_ids, SamplingConfig(n=8, temperature=1.0, max_new_tokens=64, seed=step))
+"""
+
+from dapo_core.engines.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBackend,
+    RolloutResult,
+    SamplingConfig,
+    available_rollout_backends,
+    get_rollout_backend_cls,
+    register_rollout_backend,
+)
+from dapo_core.engines.rollout.hf import HFRolloutBackend, row_seed
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "HFRolloutBackend",
+    "RolloutBackend",
+    "RolloutResult",
+    "SamplingConfig",
+    "available_rollout_backends",
+    "get_rollout_backend_cls",
+    "register_rollout_backend",
+    "row_seed",
+]

@@ -1,0 +1,341 @@
+"""The policy trainer: per-token log-probs and entropy, DAPO/GRPO mini-batch updates, SFT, data parallel.
+
+One ``update`` call is one rollout step of Algorithm 1, lines 10-12: ``ppo_epochs`` passes over the kept batch in
+mini-batches of ``ppo_mini_batch_size`` prompt groups, each split into micro-batches whose gradients accumulate.
+The token-mean denominator is the token count of the *whole* mini-batch (all micro-batches, all ranks), so the
+accumulated gradient is exactly the mini-batch gradient however it is split (see ``dapo_core.algorithm``).
+
+Data parallel: when ``torch.distributed`` is initialised with world size > 1, each rank holds a shard of every
+mini-batch; the denominators are all-reduced (summed) and so are the gradients. Summing is right because each
+rank's loss already divides by the global count: sum over ranks of d(local_sum / global_count) = d(whole loss).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from dapo_core.algorithm import (
+    agg_loss,
+    entropy_from_logits,
+    log_probs_from_logits,
+    masked_mean,
+    masked_sum,
+    policy_loss,
+)
+from dapo_core.engines.batch import PolicyBatch, split_by_groups, split_rows
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW + schedule. Warm-up and decay count optimizer-facing rollout steps (one ``update`` call = 1)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"  # constant | cosine
+    total_steps: int = 1
+    min_lr_ratio: float = 0.0
+
+
+@dataclass
+class LossConfig:
+    """The knobs of the policy loss (paper values for DAPO)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    clip_c: float | None = None
+    loss_agg: str = "token-mean"
+    norm_length: int | None = None
+    entropy_coef: float = 0.0
+
+
+def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:
+    """Multiplier of the base lr at scheduler step s: linear warm-up to 1, then constant or cosine."""
+    if cfg.scheduler not in ("constant", "cosine"):
+        raise ValueError(f"unknown lr scheduler {cfg.scheduler!r}; valid: constant, cosine")
+
+    def fn(step: int) -> float:
+        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+            # (s+1)/W rather than s/W: the first update already moves (HF's s/W wastes step 0 at lr 0)
+            return (step + 1) / cfg.warmup_steps
+        if cfg.scheduler == "constant":
+            return 1.0
+        span = max(1, cfg.total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_sum(value: float, device: torch.device) -> float:
+    _, world = _world()
+    if world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def _trim(batch: PolicyBatch) -> PolicyBatch:
+    """Drop columns that are padding in every row (left of prompts, right of responses) to save compute."""
+    used = batch.attention_mask.any(dim=0)  # (P+T,)
+    prompt_used = torch.nonzero(used[: batch.prompt_width]).squeeze(-1)
+    start = int(prompt_used[0]) if prompt_used.numel() else batch.prompt_width - 1
+    resp_len = int(batch.response_mask.sum(dim=0).nonzero().max()) + 1 if batch.response_mask.any() else 1
+    stop = batch.prompt_width + resp_len
+    return PolicyBatch(
+        input_ids=batch.input_ids[:, start:stop],
+        attention_mask=batch.attention_mask[:, start:stop],
+        position_ids=batch.position_ids[:, start:stop],
+        response_mask=batch.response_mask[:, :resp_len],
+        prompt_width=batch.prompt_width - start,
+        group_index=batch.group_index,
+        advantages=batch.advantages,
+        old_log_probs=None if batch.old_log_probs is None else batch.old_log_probs[:, :resp_len],
+        truncated=batch.truncated,
+    )
+
+
+class PolicyTrainer:
+    """Owns the model's training side: optimizer, scheduler, and the update / log-prob / SFT computations."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optim: OptimConfig,
+        *,
+        micro_batch_size: int = 64,
+        gradient_checkpointing: bool = False,
+        entropy_chunk_size: int = 1024,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        self.model = model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.optim_cfg = optim
+        self.micro_batch_size = micro_batch_size
+        self.entropy_chunk_size = entropy_chunk_size
+        if gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim))
+        self.global_step = 0  # optimizer-facing rollout steps done (= scheduler steps)
+
+    # ------------------------------------------------------------------ forward
+    def _forward_logits(self, mb: PolicyBatch) -> Tensor:
+        """Logits predicting each response token: (n, T_mb, V)."""
+        t = mb.response_width
+        out = self.model(
+            input_ids=mb.input_ids,
+            attention_mask=mb.attention_mask,
+            position_ids=mb.position_ids,
+            logits_to_keep=t + 1,  # only positions P-1 .. P+T-1 need the LM head
+            use_cache=False,
+        )
+        return out.logits[:, :-1, :]  # (n, T, V): position P-1+t predicts response token t
+
+    def _log_probs(self, mb: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        logits = self._forward_logits(mb)  # (n, T, V)
+        log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
+        entropy = None
+        if with_entropy:
+            entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)
+        return log_probs, entropy
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropy) of every response token under the current policy, in micro-batches.
+
+        Used for pi_old (recomputed on the kept batch right before updating). Returns (N, T) tensors on CPU,
+        zero where the response mask is zero.
+        """
+        was_training = self.model.training
+        self.model.eval()
+        n, width = batch.num_responses, batch.response_width
+        out_lp = torch.zeros(n, width, dtype=torch.float32)
+        out_ent = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
+        for start in range(0, n, self.micro_batch_size):
+            mb = _trim(batch.select(slice(start, start + self.micro_batch_size))).to(self.device)
+            lp, ent = self._log_probs(mb, with_entropy)
+            t = mb.response_width
+            out_lp[start : start + lp.shape[0], :t] = (lp * mb.response_mask).float().cpu()
+            if out_ent is not None and ent is not None:
+                out_ent[start : start + ent.shape[0], :t] = (ent * mb.response_mask).float().cpu()
+        self.model.train(was_training)
+        return out_lp, out_ent
+
+    # ------------------------------------------------------------------ RL update
+    def update(self, batch: PolicyBatch, loss_cfg: LossConfig, *, ppo_epochs: int, mini_batch_groups: int) -> dict:
+        """``ppo_epochs`` x mini-batches of ``mini_batch_groups`` groups; one optimizer step per mini-batch.
+
+        ``batch`` must carry ``advantages`` (N,) and ``old_log_probs`` (N, T). Returns bare metric names
+        (callers prefix ``actor/``): pg_loss, pg_clipfrac(_high/_low/_dual), ppo_kl, entropy, mean_prob,
+        grad_norm, lr, num_updates, plus the clip fractions of the last mini-batch (``*_last``).
+        """
+        if batch.advantages is None or batch.old_log_probs is None:
+            raise ValueError("update() needs batch.advantages and batch.old_log_probs (compute them first)")
+        if ppo_epochs <= 0:
+            raise ValueError(f"ppo_epochs must be > 0, got {ppo_epochs}")
+        self.model.train()
+        lr_now = self.optimizer.param_groups[0]["lr"]
+        sums: dict[str, float] = {}
+        count = 0
+        last: dict[str, float] = {}
+        for _epoch in range(ppo_epochs):
+            for mini in split_by_groups(batch, mini_batch_groups):
+                m = self._update_mini_batch(mini, loss_cfg)
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                count += 1
+                last = m
+        self.scheduler.step()
+        self.global_step += 1
+        metrics = {k: v / count for k, v in sums.items()}
+        metrics["lr"] = lr_now
+        metrics["num_updates"] = float(count)
+        for k in ("pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl"):
+            metrics[f"{k}_last"] = last.get(k, 0.0)
+        return metrics
+
+    def _update_mini_batch(self, mini: PolicyBatch, loss_cfg: LossConfig) -> dict[str, float]:
+        assert mini.advantages is not None and mini.old_log_probs is not None
+        # Global denominators over the whole mini-batch (all micro-batches, all ranks), with the loss mask.
+        num_tokens = _all_reduce_sum(float(mini.response_mask.sum()), self.device)
+        num_seqs = _all_reduce_sum(float((mini.response_mask.sum(dim=1) > 0).sum()), self.device)
+        # Dr. GRPO's constant: the configured length, else the mini-batch's padded width (same for every micro)
+        norm_length = loss_cfg.norm_length if loss_cfg.norm_length is not None else mini.response_width
+        self.optimizer.zero_grad(set_to_none=True)
+        weighted: dict[str, float] = {}
+        loss_total = 0.0
+        for micro in split_rows(mini, self.micro_batch_size):
+            mb = _trim(micro).to(self.device)
+            logits = self._forward_logits(mb)  # (n, T, V)
+            log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
+            loss, m = policy_loss(
+                log_probs,
+                mb.old_log_probs,
+                mb.advantages,
+                mb.response_mask,
+                clip_low=loss_cfg.clip_low,
+                clip_high=loss_cfg.clip_high,
+                clip_c=loss_cfg.clip_c,
+                loss_agg=loss_cfg.loss_agg,
+                global_num_tokens=num_tokens,
+                global_num_seqs=num_seqs,
+                norm_length=norm_length,
+            )
+            if loss_cfg.entropy_coef != 0.0:
+                entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)
+                ent_loss = agg_loss(
+                    entropy,
+                    mb.response_mask,
+                    loss_cfg.loss_agg,
+                    global_num_tokens=num_tokens,
+                    global_num_seqs=num_seqs,
+                    norm_length=norm_length,
+                )
+                loss = loss - loss_cfg.entropy_coef * ent_loss
+            else:
+                with torch.no_grad():
+                    entropy = entropy_from_logits(logits.detach(), chunk_size=self.entropy_chunk_size)
+            loss.backward()
+            loss_total += float(loss.detach())
+            # token-weighted averages of the per-micro-batch metrics
+            tokens = float(mb.response_mask.sum())
+            with torch.no_grad():
+                m["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
+                m["mean_prob"] = float(masked_mean(torch.exp(log_probs.detach()), mb.response_mask))
+            for k in (
+                "pg_clipfrac",
+                "pg_clipfrac_high",
+                "pg_clipfrac_low",
+                "pg_clipfrac_dual",
+                "ppo_kl",
+                "entropy",
+                "mean_prob",
+            ):
+                weighted[k] = weighted.get(k, 0.0) + m[k] * tokens
+        self._all_reduce_grads()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            logger.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
+            self.optimizer.zero_grad(set_to_none=True)
+        out = {k: _all_reduce_sum(v, self.device) / max(num_tokens, 1.0) for k, v in weighted.items()}
+        out["pg_loss"] = _all_reduce_sum(loss_total, self.device)
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    def _all_reduce_grads(self) -> None:
+        _, world = _world()
+        if world == 1:
+            return
+        for p in self.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+    # ------------------------------------------------------------------ SFT
+    def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
+        """One supervised step: token-mean NLL of the response tokens (the base model's warm start)."""
+        self.model.train()
+        num_tokens = _all_reduce_sum(float(batch.response_mask.sum()), self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        total, correct = 0.0, 0.0
+        for micro in split_rows(batch, self.micro_batch_size):
+            mb = _trim(micro).to(self.device)
+            logits = self._forward_logits(mb)  # (n, T, V)
+            log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
+            loss = -masked_sum(log_probs, mb.response_mask) / max(num_tokens, 1.0)
+            loss.backward()
+            total += float(loss.detach())
+            with torch.no_grad():
+                hits = (logits.argmax(dim=-1) == mb.responses).float()
+                correct += float(masked_sum(hits, mb.response_mask))
+        self._all_reduce_grads()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        lr_now = self.optimizer.param_groups[0]["lr"]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.scheduler.step()
+        self.global_step += 1
+        return {
+            "loss": _all_reduce_sum(total, self.device),
+            "token_acc": _all_reduce_sum(correct, self.device) / max(num_tokens, 1.0),
+            "grad_norm": float(grad_norm),
+            "lr": lr_now,
+        }
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "global_step": self.global_step,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.global_step = int(state["global_step"])

@@ -1,0 +1,116 @@
+"""The `dapo` command line (typer). Every command resolves one config, then starts a flow.
+
+    dapo config show                           # params.yaml, resolved (env + defaults)
+    dapo config show --recipe dapo-qwen2.5-32b --set trainer.lr=2e-6 --flat
+    dapo config recipes                        # the recipes shipped in recipes/
+
+Config resolution, lowest first: `--config PATH` (default params.yaml) or `--recipe NAME` -> environment
+(MLFLOW_TRACKING_URI, RAY_ADDRESS) -> each `--set dotted.key=value`.
+
+Adding a command: reuse `ConfigOpt`, `RecipeOpt`, `SetOpt` and `resolve_config(...)`, then either decorate a
+function with `@app.command()` here, or build a `typer.Typer()` group (e.g. `data_app` with `generate`) and
+`app.add_typer(data_app, name="data")`. Only real commands are registered: `data`, `curate`, `train`,
+`evaluate`, `pipeline` and `compare` appear once their flows exist.
+"""
+
+from __future__ import annotations
+
+from dapo_core.env import apply_quiet_env
+
+# Before anything imports prefect / mlflow / ray: the CLI sets the quiet/offline environment itself, so `dapo`
+# run outside make (and DVC stages calling it) behave the same.
+apply_quiet_env()
+
+import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Annotated, NoReturn  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from dapo_core.config import (  # noqa: E402
+    ConfigError,
+    DapoConfig,
+    available_recipes,
+    dump_yaml,
+    flatten_config,
+    load_config,
+    recipe_summary,
+)
+
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    name="dapo",
+    help="DAPO (arXiv 2503.14476) as a reproducible pipeline: data -> curate -> train -> evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect the resolved config and the shipped recipes.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+_stderr = Console(stderr=True, soft_wrap=True)
+
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="YAML config file (default: params.yaml); excludes --recipe."),
+]
+RecipeOpt = Annotated[
+    str | None, typer.Option("--recipe", "-r", help="Recipe name from recipes/ (see `dapo config recipes`).")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override one key: dotted.key=value (YAML value); repeatable, last wins."),
+]
+
+
+def fail(message: str) -> NoReturn:
+    """Print a red error to stderr (no traceback) and exit with status 2."""
+    _stderr.print(f"error: {message}", style="red", markup=False, highlight=False)
+    raise typer.Exit(EXIT_USAGE)
+
+
+def resolve_config(config: Path | None, recipe: str | None, overrides: list[str] | None) -> DapoConfig:
+    """`load_config` for a command: a bad config or a missing file becomes `fail(...)`."""
+    try:
+        return load_config(config_path=config, recipe=recipe, overrides=overrides or ())
+    except (ConfigError, FileNotFoundError) as exc:
+        fail(str(exc))
+
+
+@app.callback()
+def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False) -> None:
+    """DAPO (arXiv 2503.14476) as a reproducible pipeline: data -> curate -> train -> evaluate."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigOpt = None,
+    recipe: RecipeOpt = None,
+    overrides: SetOpt = None,
+    flat: Annotated[bool, typer.Option("--flat", help="Print dotted key=value lines (the MLflow params).")] = False,
+) -> None:
+    """Print the resolved config as YAML (or, with --flat, one dotted key=value per line)."""
+    cfg = resolve_config(config, recipe, overrides)
+    if flat:
+        typer.echo("\n".join(f"{key}={value}" for key, value in flatten_config(cfg).items()))
+    else:
+        typer.echo(dump_yaml(cfg), nl=False)
+
+
+@config_app.command("recipes")
+def config_recipes() -> None:
+    """List the recipes, one line each: name and summary."""
+    names = available_recipes()
+    width = max((len(n) for n in names), default=0)
+    for name in names:
+        typer.echo(f"{name:<{width}}  {recipe_summary(name)}")
+
+
+if __name__ == "__main__":
+    app()
