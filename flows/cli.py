@@ -112,5 +112,14 @@ def config_recipes() -> None:
         typer.echo(f"{name:<{width}}  {recipe_summary(name)}")
 
 
+def _register_commands() -> None:
+    """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
+    from flows import cli_train
+
+    cli_train.register(app)
+
+
+_register_commands()
+
 if __name__ == "__main__":
     app()

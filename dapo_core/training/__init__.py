@@ -1,0 +1,1 @@
+"""One DAPO training step over an executor, prompt sampling, health alerts — orchestration-free."""

@@ -1,0 +1,77 @@
+"""`dapo train`: start the training flow from the command line, with a progress bar on a terminal."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from dapo_core.algorithm import DynamicSamplingExhausted
+from dapo_core.config import ConfigError
+from dapo_core.data.schema import SchemaError
+from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+
+# errors a user can fix from the message alone: shown without a traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, ConfigError, SchemaError, DynamicSamplingExhausted)
+
+
+def _progress_hook():
+    """A rich progress bar: step, reward, acc, entropy, length, ETA (only when stdout is a terminal)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    progress = Progress(
+        TextColumn("step {task.completed}/{task.total}"),
+        BarColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TimeRemainingColumn(),
+    )
+    state: dict[str, int] = {}
+
+    def hook(step: int, total: int, m: dict[str, float]) -> None:
+        if "task" not in state:
+            progress.start()
+            state["task"] = progress.add_task("train", total=total, completed=step - 1, stats="")
+        stats = (
+            f"reward {m.get('critic/rewards/mean', 0):+.3f}  acc {m.get('train/acc/mean', 0):.3f}  "
+            f"entropy {m.get('actor/entropy', 0):.3f}  len {m.get('response_length/mean', 0):.1f}"
+        )
+        progress.update(state["task"], completed=step, stats=stats)
+        if step >= total:
+            progress.stop()
+
+    return hook
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        config: ConfigOpt = None,
+        recipe: RecipeOpt = None,
+        overrides: SetOpt = None,
+        resume: Annotated[
+            bool, typer.Option("--resume", help="Continue the run named by tracking.run_name from its last checkpoint.")
+        ] = False,
+    ) -> None:
+        """Train with DAPO (or the recipe's GRPO baseline): rollout -> reward -> filter -> update, in MLflow."""
+        resolve_config(config, recipe, overrides)  # a bad config fails here, before any work
+        from flows import train as train_module
+
+        if sys.stdout.isatty():
+            train_module.PROGRESS_HOOKS.append(_progress_hook())
+        t0 = time.perf_counter()
+        try:
+            summary = train_module.train_flow(
+                config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [], resume=resume
+            )
+        except USER_ERRORS as exc:
+            fail(str(exc))
+        finally:
+            train_module.PROGRESS_HOOKS.clear()
+        m = summary["final_metrics"]
+        typer.echo(
+            f"run {summary['run_name']} ({summary['run_id']}) finished in {time.perf_counter() - t0:.0f}s: "
+            f"train acc {m.get('train/acc/mean', float('nan')):.3f}; final model {summary['final_model']} "
+            f"(registered as {summary['registered_model']})"
+        )

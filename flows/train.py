@@ -1,0 +1,207 @@
+"""The DAPO training flow: rounds of rollout -> reward -> filter -> train (Algorithm 1), tracked in MLflow.
+
+Run it: ``dapo train`` (params.yaml), ``dapo train --recipe tiny-grpo --set trainer.total_steps=20``,
+``dapo train --resume`` (continue the run named by tracking.run_name from its last complete checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prefect import flow, get_run_logger
+
+from dapo_core.algorithm import GroupAccumulator
+from dapo_core.config import DapoConfig, load_config
+from dapo_core.config.schema import resolved_run_name
+from dapo_core.engines.checkpoint import latest_checkpoint
+from dapo_core.seeding import derive_seed
+from dapo_core.training.health import HealthMonitor
+from dapo_core.training.prompts import PromptSampler
+from dapo_core.training.step import zero_variance_flags
+from tasks import tracking
+from tasks import train as T
+from tasks.train_logging import (
+    finish_run_artifacts,
+    log_step,
+    run_tags,
+    validate,
+)
+
+logger = logging.getLogger(__name__)
+
+# Called after every step with (step, total_steps, metrics); the CLI installs a rich progress bar here.
+PROGRESS_HOOKS: list[Callable[[int, int, dict[str, float]], None]] = []
+
+
+def _resume_state(ckpt_root: Path, resume: bool) -> dict[str, Any] | None:
+    if not resume:
+        return None
+    path = latest_checkpoint(ckpt_root)
+    if path is None:
+        raise FileNotFoundError(
+            f"--resume: no complete checkpoint under {ckpt_root}. Check tracking.run_name (the run to continue) "
+            "and trainer.output_dir, or start without --resume"
+        )
+    return {"path": path}
+
+
+@flow(name="dapo-train", log_prints=False, validate_parameters=True)
+def train_flow(
+    config_path: str | None = None,
+    recipe: str | None = None,
+    overrides: list[str] | None = None,
+    resume: bool = False,
+    nested: bool = False,
+    extra_tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Train a policy with DAPO (or GRPO, per the recipe). Returns a summary (run id, paths, final metrics)."""
+    cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
+    return run_training(cfg, resume=resume, nested=nested, extra_tags=extra_tags or {})
+
+
+def run_training(cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dict[str, str]) -> dict[str, Any]:
+    plog = get_run_logger()
+    run_name = resolved_run_name(cfg)
+    out_dir = Path(cfg.trainer.output_dir) / run_name
+    ckpt_root = out_dir / "checkpoints"
+    resume_from = _resume_state(ckpt_root, resume)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_handler = logging.FileHandler(out_dir / "train.log")
+    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(log_handler)
+    executor = T.setup_executor(cfg)
+    try:
+        tok = executor.tokenizer
+        train_items = T.load_prompts(cfg.data.train_files, tok, cfg.data.max_prompt_length, "data.train_files")
+        val_items = T.load_prompts(cfg.data.val_files, tok, cfg.data.max_prompt_length, "data.val_files")
+        sampler = PromptSampler(
+            len(train_items),
+            seed=cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        health = HealthMonitor()
+        start_step, gen_batches_total, run_id = 0, 0, None
+        if resume_from is not None:
+            meta = executor.load_checkpoint(resume_from["path"])
+            start_step = int(meta["step"])
+            gen_batches_total = int(meta.get("gen_batches_total", 0))
+            sampler.load_state_dict(meta["sampler"])
+            health.load_state_dict(meta.get("health", {}))
+            run_id = meta.get("mlflow_run_id")
+            plog.info("resuming %s from %s (step %d)", run_name, resume_from["path"], start_step)
+
+        tags = {**run_tags(cfg, run_name), **extra_tags}
+        with tracking.start_run(cfg, run_name=run_name, run_id=run_id, nested=nested, tags=tags) as run:
+            run_id = run.info.run_id
+            tracking.log_params_flat(cfg)
+            tracking.set_tags(tags)
+            if resume_from is not None:
+                removed = tracking.truncate_metrics_after(run_id, start_step)
+                plog.info("removed %d metric points logged after step %d by the interrupted run", removed, start_step)
+            elif cfg.trainer.val_before_train:
+                validate(executor, val_items, cfg, step=0)
+
+            last_metrics: dict[str, float] = {}
+            for step in range(start_step + 1, cfg.trainer.total_steps + 1):
+                last_metrics, gen_batches_total = _train_step(
+                    executor, train_items, sampler, cfg, step, gen_batches_total
+                )
+                for alert in health.update(step, last_metrics):
+                    plog.warning("training-health alert %s at step %d: %s", alert.name, alert.step, alert.message)
+                    tracking.set_tags({f"alert.{alert.name}": f"step {alert.step}: {alert.message}"})
+                due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
+                if due_save or step == cfg.trainer.total_steps:
+                    t0 = time.perf_counter()
+                    meta = {
+                        "mlflow_run_id": run_id,
+                        "gen_batches_total": gen_batches_total,
+                        "sampler": sampler.state_dict(),
+                        "health": health.state_dict(),
+                        "run_name": run_name,
+                    }
+                    path = T.save_checkpoint(executor, ckpt_root, step, meta)
+                    tracking.log_artifacts(path, f"checkpoints/{path.name}")
+                    last_metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
+                if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
+                    last_metrics.update(validate(executor, val_items, cfg, step=step))
+                log_step(last_metrics, step)
+                for hook in PROGRESS_HOOKS:
+                    hook(step, cfg.trainer.total_steps, last_metrics)
+            summary = finish_run_artifacts(executor, cfg, run_id, run_name, out_dir)
+            summary.update({"run_id": run_id, "run_name": run_name, "final_metrics": last_metrics})
+            return summary
+    finally:
+        executor.shutdown()
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
+
+
+def _train_step(
+    executor: Any,
+    train_items: Sequence[Any],
+    sampler: PromptSampler,
+    cfg: DapoConfig,
+    step: int,
+    gen_batches_total: int,
+) -> tuple[dict[str, float], int]:
+    """One rollout step: generation batches until the batch is full (dynamic sampling), then the update."""
+    t_step = time.perf_counter()
+    ds = cfg.algorithm.dynamic_sampling
+    acc = GroupAccumulator(
+        target_num_groups=cfg.data.train_batch_size,
+        max_num_gen_batches=ds.max_num_gen_batches if ds.enable else 1,
+        on_exhausted=ds.on_exhausted if ds.enable else "continue",
+    )
+    timings = {"gen": 0.0, "reward": 0.0, "filter": 0.0}
+    correct, total, zero_var, groups_seen, gen_idx, failed = 0, 0, 0, 0, 0, 0
+    while acc.need_more():
+        items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
+        t0 = time.perf_counter()
+        results = T.rollout(executor, items, cfg, derive_seed(cfg.trainer.seed, "train", step, gen_idx))
+        t1 = time.perf_counter()
+        batch = T.score(executor, items, results, cfg)
+        t2 = time.perf_counter()
+        flags = T.filter_groups(batch, cfg)
+        timings["gen"] += t1 - t0
+        timings["reward"] += t2 - t1
+        timings["filter"] += time.perf_counter() - t2
+        acc.add(batch.groups, flags)
+        gen_idx += 1
+        failed += batch.num_failed_rewards
+        correct += sum(sum(g.acc) for g in batch.groups)
+        total += sum(len(g.acc) for g in batch.groups)
+        zero_var += sum(zero_variance_flags(batch))
+        groups_seen += len(batch.groups)
+    groups = acc.take()
+    metrics, t_update = T.update_policy(executor, groups, cfg)
+    t0 = time.perf_counter()
+    T.sync_weights(executor)
+    timings["sync_weights"] = time.perf_counter() - t0
+    timings.update(t_update)
+    gen_batches_total += gen_idx
+    step_time = time.perf_counter() - t_step
+    timings["step"] = step_time
+    metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
+    metrics.update(
+        {
+            "train/step": float(step),
+            "train/gen_batches_total": float(gen_batches_total),
+            "train/num_gen_batches": float(gen_idx),
+            "train/acc/mean": correct / max(total, 1),
+            "train/kept_groups_frac": acc.kept_groups_frac,
+            "train/zero_std_groups_frac": zero_var / max(groups_seen, 1),
+            "train/num_groups": float(len(groups)),
+            "reward/num_failed": float(failed),
+            "perf/time_per_step": step_time,
+            "perf/total_num_tokens": metrics.pop("perf/batch_tokens"),
+            "perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30,
+        }
+    )
+    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / step_time
+    return metrics, gen_batches_total

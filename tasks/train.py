@@ -1,0 +1,120 @@
+"""Prefect tasks of the training flow: thin wrappers, one per phase of Algorithm 1 (so the UI shows each).
+
+Stateful tasks run without caching; only idempotent I/O retries. Executors stay resident across steps and are
+passed in-process; no tensors travel through task results (groups hold token-id lists and floats).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from dapo_core.config import DapoConfig
+from dapo_core.data.schema import read_rl_files
+from dapo_core.engines.executor import Executor, LocalExecutor, sampling_from
+from dapo_core.engines.rollout import RolloutResult
+from dapo_core.training.prompts import PromptItem, encode_prompts
+from dapo_core.training.step import (
+    GenBatch,
+    Group,
+    batch_metrics,
+    build_train_batch,
+    entropy_and_prob,
+    keep_flags,
+    score_results,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def make_executor(cfg: DapoConfig) -> Executor:
+    """The configured executor: in-process (``local``) or on a Ray cluster (``ray``)."""
+    if cfg.resources.executor == "ray":
+        from dapo_core.distributed import RayExecutor  # imported lazily: Ray only when asked for
+
+        return RayExecutor(cfg)
+    return LocalExecutor(cfg)
+
+
+@task(name="setup-executor", cache_policy=NO_CACHE)
+def setup_executor(cfg: DapoConfig) -> Executor:
+    return make_executor(cfg)
+
+
+@task(name="load-prompts", cache_policy=NO_CACHE, retries=1)
+def load_prompts(files: Sequence[str], tokenizer: Any, max_prompt_length: int, key: str) -> list[PromptItem]:
+    """Read verl-schema parquet files (``key`` names the config key, for the error message) and tokenize."""
+    try:
+        records = read_rl_files(list(files))
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{key}: {e}") from e
+    return encode_prompts(records, tokenizer, max_prompt_length=max_prompt_length)
+
+
+@task(name="rollout", cache_policy=NO_CACHE)
+def rollout(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, seed: int) -> list[RolloutResult]:
+    """Algorithm 1, line 4: sample G responses per prompt with the current (synced) policy."""
+    return executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed))
+
+
+@task(name="score", cache_policy=NO_CACHE)
+def score(
+    executor: Executor, items: Sequence[PromptItem], results: Sequence[RolloutResult], cfg: DapoConfig
+) -> GenBatch:
+    """Line 5: rule-based reward (+1/-1) plus the soft overlong penalty (Eq. 13) when enabled."""
+    return score_results(executor, items, results, cfg)
+
+
+@task(name="filter-groups", cache_policy=NO_CACHE)
+def filter_groups(batch: GenBatch, cfg: DapoConfig) -> list[bool]:
+    """Line 6: dynamic sampling keeps groups whose raw accuracy varies."""
+    return keep_flags(batch, cfg)
+
+
+@task(name="update-policy", cache_policy=NO_CACHE)
+def update_policy(
+    executor: Executor, groups: Sequence[Group], cfg: DapoConfig
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Lines 9-12: advantages, pi_old log-probs on the kept batch, ppo_epochs x mini-batch updates.
+
+    Returns (metrics, timings)."""
+    t0 = time.perf_counter()
+    batch, stats = build_train_batch(groups, cfg, pad_token_id=executor.tokenizer.pad_token_id)
+    metrics = batch_metrics(stats, batch)
+    t1 = time.perf_counter()
+    old_log_probs, entropy = executor.compute_log_probs(batch, with_entropy=True)
+    batch.old_log_probs = old_log_probs
+    metrics.update(entropy_and_prob(old_log_probs, entropy, batch.response_mask))
+    t2 = time.perf_counter()
+    actor = executor.update(batch)
+    t3 = time.perf_counter()
+    for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl", "grad_norm", "lr"):
+        metrics[f"actor/{k}"] = actor[k]
+    metrics["actor/pg_clipfrac_last"] = actor["pg_clipfrac_last"]
+    metrics["actor/num_updates"] = actor["num_updates"]
+    tokens = int(batch.attention_mask.sum())
+    metrics["perf/batch_tokens"] = float(tokens)
+    timings = {"adv": t1 - t0, "old_log_prob": t2 - t1, "update_actor": t3 - t2}
+    return metrics, timings
+
+
+@task(name="sync-weights", cache_policy=NO_CACHE)
+def sync_weights(executor: Executor) -> int:
+    """Line 13 / DESIGN step 6: push the new weights to the rollout engines; returns the version."""
+    return executor.sync_weights()
+
+
+@task(name="save-checkpoint", cache_policy=NO_CACHE)
+def save_checkpoint(executor: Executor, root: Path, step: int, meta: dict[str, Any]) -> Path:
+    return executor.save_checkpoint(root, step, meta)
+
+
+@task(name="export-model", cache_policy=NO_CACHE, retries=1)
+def export_model(executor: Executor, path: Path) -> Path:
+    return executor.export_model(path)

@@ -1,0 +1,101 @@
+"""MLflow side of the training flow: run tags, per-step metrics, validation logging, final artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from dapo_core.config import DapoConfig
+from dapo_core.engines.executor import Executor
+from dapo_core.training.plots import PANELS, plot_training_dynamics
+from dapo_core.training.prompts import PromptItem
+from tasks import tracking
+
+logger = logging.getLogger(__name__)
+
+
+def file_digest(paths: Sequence[str | Path]) -> str:
+    """sha256 over the bytes of the given files (the dataset digest tag)."""
+    h = hashlib.sha256()
+    for p in paths:
+        path = Path(p)
+        h.update(path.name.encode())
+        if path.is_file():
+            with path.open("rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def dvc_md5(dvc_file: str | Path = "data.dvc") -> str:
+    """md5 of the raw data as recorded in ``data.dvc`` ("none" when the project has no such file)."""
+    path = Path(dvc_file)
+    if not path.is_file():
+        return "none"
+    outs = (yaml.safe_load(path.read_text()) or {}).get("outs") or [{}]
+    return str(outs[0].get("md5", "none"))
+
+
+def run_tags(cfg: DapoConfig, run_name: str) -> dict[str, str]:
+    return {
+        **tracking.git_tags(),
+        "recipe": cfg.recipe,
+        "seed": str(cfg.trainer.seed),
+        "model.id": cfg.model.path,
+        "data.dvc_md5": dvc_md5(),
+        "data.train_digest": file_digest(cfg.data.train_files),
+        "data.val_digest": file_digest(cfg.data.val_files),
+        "run_name": run_name,
+        "stage": "train",
+    }
+
+
+@task(name="log-metrics", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+def log_step(metrics: dict[str, float], step: int) -> None:
+    """All metrics of one step in one batched call, at ``step = train/step``."""
+    tracking.log_metrics(metrics, step=step)
+
+
+@task(name="validate", cache_policy=NO_CACHE)
+def validate(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, *, step: int) -> dict[str, float]:
+    """avg@k / pass@k / maj@k on the validation set with the current policy; sample completions as a table."""
+    from tasks.evaluate import evaluate_items  # the evaluation issue's runner
+
+    t0 = time.perf_counter()
+    metrics, rows = evaluate_items(executor, items, cfg, seed_parts=("val", step))
+    metrics["timing_s/testing"] = time.perf_counter() - t0
+    tracking.log_table(rows[: 8 * max(1, len({r.get("data_source") for r in rows}))], f"samples/step_{step:06d}.json")
+    if step == 0:
+        tracking.log_metrics(metrics, step=0)
+    return metrics
+
+
+def _histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    keys = [k for k, _ in PANELS if k != "val"]
+    keys += [k for k in MlflowClient().get_run(run_id).data.metrics if k.startswith("val/")]
+    return {k: tracking.metric_history(run_id, k) for k in keys}
+
+
+@task(name="finish-run", cache_policy=NO_CACHE)
+def finish_run_artifacts(
+    executor: Executor, cfg: DapoConfig, run_id: str, run_name: str, out_dir: Path
+) -> dict[str, Any]:
+    """Export the final policy (HF dir), register it, draw the training-dynamics plots, log the run's log file."""
+    final_dir = executor.export_model(out_dir / "final")
+    model_uri = tracking.register_hf_model(final_dir, run_name, artifact_path="model")
+    plot = plot_training_dynamics(_histories(run_id), out_dir / "training_dynamics.png", title=run_name)
+    tracking.log_artifact(plot, "plots")
+    log_file = out_dir / "train.log"
+    if log_file.is_file():
+        tracking.log_artifact(log_file, "logs")
+    return {"final_model": str(final_dir), "registered_model": model_uri, "plot": str(plot)}

@@ -1,0 +1,134 @@
+"""The DAPO training flow end to end: real Prefect (test harness), MLflow on SQLite, the local executor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from prefect.testing.utilities import prefect_test_harness
+from train_fixtures import make_train_cfg
+
+from dapo_core.algorithm import metric_names as mn
+from dapo_core.config import dump_yaml
+from flows.train import train_flow
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def run(cfg, tmp_path, **kw):
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(dump_yaml(cfg))
+    return train_flow(config_path=str(cfg_file), **kw)
+
+
+def history(run_id, key):
+    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_three_steps_log_every_metric_and_checkpoint(tmp_path):
+    cfg = make_train_cfg(tmp_path)
+    summary = run(cfg, tmp_path)
+    rid = summary["run_id"]
+    client = MlflowClient()
+    data = client.get_run(rid).data
+    for name in mn.training_metric_names():
+        if name == "timing_s/testing":  # validation is off in this run
+            continue
+        want = [2, 3] if name == "timing_s/save_checkpoint" else [1, 2, 3]  # save_freq=2 and the last step
+        assert [s for s, _ in history(rid, name)] == want, name
+    assert [v for _, v in history(rid, "train/step")] == [1.0, 2.0, 3.0]
+    # 4 mini-batches of one group per step; later ones are off-policy at this lr -> clipping happens
+    assert all(v == 4.0 for _, v in history(rid, "actor/num_updates"))
+    assert max(v for _, v in history(rid, "actor/pg_clipfrac")) > 0
+    # counters never mix: gen batches total >= steps and is cumulative
+    gb = [v for _, v in history(rid, "train/gen_batches_total")]
+    assert gb == sorted(gb) and gb[-1] >= 3
+    assert data.params["trainer.lr"] == "0.02" and data.tags["recipe"] == "tiny-dapo"
+    assert data.tags["git.sha"] and data.tags["data.train_digest"]
+    arts = {a.path for a in client.list_artifacts(rid)}
+    assert {"checkpoints", "model", "plots"} <= arts
+    assert {a.path for a in client.list_artifacts(rid, "checkpoints")} == {"checkpoints/step_2", "checkpoints/step_3"}
+    # the registered model loads back with from_pretrained
+    import mlflow
+    from transformers import AutoModelForCausalLM
+
+    local = mlflow.artifacts.download_artifacts(summary["registered_model"])
+    model = AutoModelForCausalLM.from_pretrained(local)
+    final = AutoModelForCausalLM.from_pretrained(summary["final_model"])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, final.state_dict()[k])
+
+
+def metric_table(rid, keys):
+    return {k: history(rid, k) for k in keys}
+
+
+def test_resume_after_a_crash_gives_identical_weights_and_history(tmp_path, monkeypatch):
+    import flows.train as ft
+
+    base = ("trainer.total_steps=4", "trainer.save_freq=2")
+    straight = run(make_train_cfg(tmp_path / "a", *base, "tracking.run_name=straight"), tmp_path / "a")
+
+    cfg = make_train_cfg(tmp_path / "b", *base, "tracking.run_name=crashy")
+    real_step = ft._train_step
+
+    def crash_at_4(executor, items, sampler, cfg_, step, gen_total):
+        if step == 4:
+            raise RuntimeError("simulated crash in step 4")
+        return real_step(executor, items, sampler, cfg_, step, gen_total)
+
+    monkeypatch.setattr(ft, "_train_step", crash_at_4)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(cfg, tmp_path / "b")
+    monkeypatch.setattr(ft, "_train_step", real_step)
+    resumed = run(cfg, tmp_path / "b", resume=True)
+
+    keys = [k for k in mn.training_metric_names() if not k.startswith(("timing_s/", "perf/"))]
+    a = metric_table(straight["run_id"], keys)
+    b = metric_table(resumed["run_id"], keys)
+    for k in keys:
+        assert [s for s, _ in b[k]] == [1, 2, 3, 4], k  # exactly one value per step, step 3 not twice
+        assert [v for _, v in b[k]] == [v for _, v in a[k]], k
+    from transformers import AutoModelForCausalLM
+
+    wa = AutoModelForCausalLM.from_pretrained(straight["final_model"]).state_dict()
+    wb = AutoModelForCausalLM.from_pretrained(resumed["final_model"]).state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_dynamic_sampling_accumulates_generation_batches(tmp_path):
+    cfg = make_train_cfg(
+        tmp_path,
+        "algorithm.reward_fn=test_half_hopeless",
+        "trainer.total_steps=2",
+        "algorithm.dynamic_sampling.max_num_gen_batches=20",
+        "trainer.save_freq=0",
+    )
+    rid = run(cfg, tmp_path)["run_id"]
+    nb = [v for _, v in history(rid, "train/num_gen_batches")]
+    kept = [v for _, v in history(rid, "train/kept_groups_frac")]
+    assert max(nb) >= 2 and all(k < 1.0 for k in kept)
+    assert all(v == 4.0 for _, v in history(rid, "train/num_groups"))  # the batch is full every step
+    totals = [v for _, v in history(rid, "train/gen_batches_total")]
+    assert totals == [nb[0], nb[0] + nb[1]]
+
+
+def test_grpo_recipe_runs_without_dynamic_sampling(tmp_path):
+    cfg = make_train_cfg(tmp_path, "trainer.total_steps=1", "trainer.save_freq=0", recipe="tiny-grpo")
+    rid = run(cfg, tmp_path)["run_id"]
+    assert [v for _, v in history(rid, "train/num_gen_batches")] == [1.0]
+    assert MlflowClient().get_run(rid).data.params["algorithm.loss_agg"] == "seq-mean-token-mean"
+
+
+def test_bad_recipe_value_fails_before_any_work(tmp_path):
+    from dapo_core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ppo_mini_batch_size"):
+        train_flow(recipe="tiny-dapo", overrides=["trainer.ppo_mini_batch_size=7", f"trainer.output_dir={tmp_path}/o"])
+    assert not (tmp_path / "o").exists()
