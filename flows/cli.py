@@ -114,9 +114,10 @@ def config_recipes() -> None:
 
 def _register_commands() -> None:
     """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
-    from flows import cli_train
+    from flows import cli_eval, cli_train
 
     cli_train.register(app)
+    cli_eval.register(app)
 
 
 _register_commands()

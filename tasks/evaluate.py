@@ -162,7 +162,7 @@ def resolve_model_uri(uri: str, *, cache_dir: str | Path) -> ResolvedModel:
     return ResolvedModel(uri, uri, "hub")  # a hub id, or a missing directory: load_model says which and the fix
 
 
-@task(name="resolve-model", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+@task(name="resolve-model", cache_policy=NO_CACHE)
 def resolve_model(cfg: DapoConfig, uri: str) -> ResolvedModel:
     """Point MLflow at the configured store, then resolve ``uri`` (downloads under outputs/eval/models/)."""
     tracking.configure_mlflow(cfg)
@@ -259,7 +259,7 @@ def summary_of(report: EvalReport, model: ResolvedModel, files: Sequence[str]) -
     }
 
 
-@task(name="log-evaluation", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
+@task(name="log-evaluation", cache_policy=NO_CACHE)
 def log_evaluation(report: EvalReport, summary: dict[str, Any], *, run_id: str, step: int = 0) -> None:
     """Metrics (one batched call), the per-problem table and a JSON summary into the MLflow run ``run_id``."""
     tracking.log_metrics(report.metrics, step=step, run_id=run_id)

@@ -38,11 +38,15 @@ def test_three_steps_log_every_metric_and_checkpoint(tmp_path):
     client = MlflowClient()
     data = client.get_run(rid).data
     for name in mn.training_metric_names():
-        if name == "timing_s/testing":  # validation is off in this run
-            continue
-        want = [2, 3] if name == "timing_s/save_checkpoint" else [1, 2, 3]  # save_freq=2 and the last step
+        # save_freq=2 and the last step; test_freq=2 plus validation before training (step 0)
+        want = {"timing_s/save_checkpoint": [2, 3], "timing_s/testing": [0, 2]}.get(name, [1, 2, 3])
         assert [s for s, _ in history(rid, name)] == want, name
     assert [v for _, v in history(rid, "train/step")] == [1.0, 2.0, 3.0]
+    assert [s for s, _ in history(rid, "val/synthetic/acc/mean_at_2")] == [0, 2]
+    assert {a.path for a in client.list_artifacts(rid, "samples")} == {
+        "samples/step_000000.json",
+        "samples/step_000002.json",
+    }
     # 4 mini-batches of one group per step; later ones are off-policy at this lr -> clipping happens
     assert all(v == 4.0 for _, v in history(rid, "actor/num_updates"))
     assert max(v for _, v in history(rid, "actor/pg_clipfrac")) > 0
