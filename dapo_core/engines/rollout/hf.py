@@ -177,8 +177,17 @@ class HFRolloutBackend(RolloutBackend):
                     ids.append(int(i))
         return ids
 
-    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
-        """Sample ``sampling.n`` responses per prompt; ``results[i * n + j]`` is sample ``j`` of prompt ``i``."""
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingConfig, *, prompt_index_offset: int = 0
+    ) -> list[RolloutResult]:
+        """Sample ``sampling.n`` responses per prompt; ``results[i * n + j]`` is sample ``j`` of prompt ``i``.
+
+        ``prompt_index_offset``: the position of ``prompts[0]`` in a larger batch that was split across workers
+        (data parallel). Seeds and ``RolloutResult.prompt_index`` use ``offset + i``, so a shard generated with
+        its offset gives exactly the rows of the whole batch generated in one call.
+        """
+        if prompt_index_offset < 0:
+            raise ValueError(f"prompt_index_offset ({prompt_index_offset}) must be >= 0: pass the shard's start")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a chat template)")
@@ -191,7 +200,7 @@ class HFRolloutBackend(RolloutBackend):
         try:
             for start in range(0, len(order), self.micro_batch_size):
                 chunk = order[start : start + self.micro_batch_size]
-                batch = self._generate_micro_batch([rows[r] for r in chunk], prompts, sampling)
+                batch = self._generate_micro_batch([rows[r] for r in chunk], prompts, sampling, prompt_index_offset)
                 for r, result in zip(chunk, batch, strict=True):
                     results[r] = result
         finally:
@@ -209,7 +218,11 @@ class HFRolloutBackend(RolloutBackend):
         )
 
     def _generate_micro_batch(
-        self, rows: list[tuple[int, int]], prompts: Sequence[list[int]], sampling: SamplingConfig
+        self,
+        rows: list[tuple[int, int]],
+        prompts: Sequence[list[int]],
+        sampling: SamplingConfig,
+        prompt_index_offset: int = 0,
     ) -> list[RolloutResult]:
         width = max(len(prompts[i]) for i, _ in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # (b, L)
@@ -219,7 +232,7 @@ class HFRolloutBackend(RolloutBackend):
             input_ids[k, width - length :] = torch.tensor(prompts[i], dtype=torch.long)  # left padding
             attention_mask[k, width - length :] = 1
         sampler = SeededSampler(
-            [row_seed(sampling.seed, i, j) for i, j in rows],
+            [row_seed(sampling.seed, prompt_index_offset + i, j) for i, j in rows],
             prompt_width=width,
             sampling=sampling,
             device=self.device,
@@ -233,7 +246,7 @@ class HFRolloutBackend(RolloutBackend):
                 logits_processor=LogitsProcessorList([sampler]),
             )  # (b, L + t)
         responses = sequences[:, width:].cpu()  # (b, t)
-        return self._to_results(rows, prompts, responses, sampler)
+        return self._to_results(rows, prompts, responses, sampler, prompt_index_offset)
 
     def _to_results(
         self,
@@ -241,6 +254,7 @@ class HFRolloutBackend(RolloutBackend):
         prompts: Sequence[list[int]],
         responses: Tensor,
         sampler: SeededSampler,
+        prompt_index_offset: int = 0,
     ) -> list[RolloutResult]:
         steps = responses.shape[1]
         is_eos = torch.isin(responses, torch.tensor(self.eos_token_ids))  # (b, t)
@@ -265,7 +279,7 @@ class HFRolloutBackend(RolloutBackend):
             stopped = bool(has_eos[k])
             results.append(
                 RolloutResult(
-                    prompt_index=i,
+                    prompt_index=prompt_index_offset + i,
                     sample_index=j,
                     prompt_ids=list(prompts[i]),
                     response_ids=ids,

@@ -1,0 +1,204 @@
+"""``RayExecutor``: the engines' ``Executor`` on a Ray cluster — one controller, three actor groups.
+
+    from dapo_core.distributed import RayExecutor
+    with RayExecutor(cfg) as ex:                 # connects (RAY_ADDRESS / resources.ray_address / local)
+        results = ex.generate(prompt_ids, sampling)          # rollout workers, data parallel, in order
+        scored = ex.score(texts, answers)                     # reward pool, per-item deadline
+        batch.old_log_probs, _ = ex.compute_log_probs(batch)  # trainer ranks, row shards
+        metrics = ex.update(batch)                            # trainer ranks in lock-step (gloo / NCCL)
+        ex.sync_weights()                                     # rank 0 -> object store -> rollout workers
+
+The same flow code drives ``LocalExecutor`` and ``RayExecutor``; for the same config and seeds the two produce
+the same samples and, up to float summation order, the same weights. Paths handed to the executor (model,
+checkpoints, exports) are read and written by the actors: on a multi-node cluster they must be on storage every
+node sees, as with verl.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from torch import Tensor
+
+from dapo_core.config import DapoConfig
+from dapo_core.distributed.cluster import connect
+from dapo_core.distributed.cluster import shutdown as ray_shutdown
+from dapo_core.distributed.placement import PlacementGroups, cluster_cpus_per_node, plan_placement
+from dapo_core.distributed.reward_pool import RewardPool
+from dapo_core.distributed.rollout_group import RolloutGroup
+from dapo_core.distributed.trainer_group import TrainerGroup
+from dapo_core.engines.batch import PolicyBatch
+from dapo_core.engines.executor import Executor
+from dapo_core.engines.rollout import RolloutResult, SamplingConfig
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.rewards import ScoredBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Fault and time limits of the Ray executor (not in the run config yet; these are the defaults)."""
+
+    reward_timeout_s: float = 10.0  # per reward item; an item over it scores -1 and is counted as failed
+    max_actor_restarts: int = 3  # Ray restarts of a rollout worker
+    max_actor_failures: int = 3  # failures of one actor before the step fails with ActorFailureError
+    start_timeout_s: float = 300.0  # actor start / restart (model load) and placement-group reservation
+
+    def __post_init__(self) -> None:
+        if self.reward_timeout_s <= 0:
+            raise ValueError(f"reward_timeout_s ({self.reward_timeout_s}) must be > 0 seconds: use e.g. 10")
+        if self.max_actor_failures < 1:
+            raise ValueError(f"max_actor_failures ({self.max_actor_failures}) must be >= 1")
+
+
+def _abs(path: str | Path) -> str:
+    """Absolute path: actors do not share the driver's working directory."""
+    return str(Path(path).resolve())
+
+
+def _model_ref(path: str) -> str:
+    """A local model directory made absolute; anything else (a hub id) passes through."""
+    return _abs(path) if Path(path).exists() else path
+
+
+class RayExecutor(Executor):
+    """Generate / score / log-probs / update / sync / checkpoint on Ray actor groups (see the module docstring)."""
+
+    def __init__(self, cfg: DapoConfig, *, model_path: str | None = None, options: RayOptions | None = None) -> None:
+        self.cfg = cfg
+        self.options = options or RayOptions()
+        self._version = 0
+        self.placement: PlacementGroups | None = None
+        self.trainers: TrainerGroup | None = None
+        self.rollout: RolloutGroup | None = None
+        self.rewards: RewardPool | None = None
+        path = _model_ref(model_path or cfg.model.path)
+        self._tokenizer = load_tokenizer(
+            cfg.model.tokenizer_path or path, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
+        )
+        self._owns_ray = not ray.is_initialized()
+        try:
+            info = connect(cfg.resources)
+            tp = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
+            plan = plan_placement(cfg.resources, cpus_per_node=cluster_cpus_per_node(), rollout_tp=tp)
+            self.placement = PlacementGroups.create(plan, timeout_s=self.options.start_timeout_s)
+            self.trainers = TrainerGroup(cfg, path, self.placement, start_timeout_s=self.options.start_timeout_s)
+            self.rollout = RolloutGroup(
+                cfg,
+                path,
+                self.placement,
+                max_restarts=self.options.max_actor_restarts,
+                max_failures=self.options.max_actor_failures,
+                start_timeout_s=self.options.start_timeout_s,
+            )
+            self.rewards = RewardPool(
+                cfg.algorithm.reward_fn,
+                num_workers=cfg.resources.reward_workers,
+                item_timeout_s=self.options.reward_timeout_s,
+                start_timeout_s=self.options.start_timeout_s,
+            )
+            for group in (self.trainers, self.rollout, self.rewards):  # constructors ran in parallel
+                group.ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info(
+            "Ray executor up on %d node(s): %d rollout worker(s), %d trainer rank(s), %d reward worker(s), %s",
+            info.num_nodes,
+            len(self.rollout.actors),
+            self.trainers.world_size,
+            len(self.rewards.actors),
+            cfg.resources.placement,
+        )
+
+    # ------------------------------------------------------------------ Executor interface
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def _groups(self) -> tuple[TrainerGroup, RolloutGroup, RewardPool]:
+        if self.trainers is None or self.rollout is None or self.rewards is None:
+            raise RuntimeError("this RayExecutor was shut down: create a new one")
+        return self.trainers, self.rollout, self.rewards
+
+    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
+        return self._groups()[1].generate(prompts, sampling, self._version)
+
+    def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
+        return self._groups()[2].score(completions, ground_truths)
+
+    def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        return self._groups()[0].compute_log_probs(batch, with_entropy=with_entropy)
+
+    def update(self, batch: PolicyBatch) -> dict[str, float]:
+        if batch.advantages is None or batch.old_log_probs is None:
+            raise ValueError("update() needs batch.advantages and batch.old_log_probs (compute them first)")
+        return self._groups()[0].update(batch)
+
+    def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
+        return self._groups()[0].sft_step(batch)
+
+    def sync_weights(self) -> int:
+        """Rank 0's weights -> object store -> every rollout worker; returns the version they all hold."""
+        trainers, rollout, _ = self._groups()
+        version = self._version + 1
+        held = rollout.update_weights(trainers.state_ref(), version)
+        if any(v != version for v in held):
+            raise RuntimeError(f"rollout workers hold weight versions {held} after syncing version {version}")
+        self._version = version
+        return version
+
+    def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path:
+        trainers = self._groups()[0]
+        return trainers.save_checkpoint(_abs(root), step, {**meta, "weight_version": self._version})
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Every rank loads weights + optimizer state; the rollout workers then get the loaded weights."""
+        trainers, rollout, _ = self._groups()
+        meta: dict[str, Any] = trainers.call_all("load_checkpoint", _abs(path))[0]
+        self._version = int(meta.get("weight_version", self._version))
+        rollout.update_weights(trainers.state_ref(), self._version)
+        return meta
+
+    def export_model(self, path: str | Path) -> Path:
+        return Path(self._groups()[0].call_rank0("export_model", _abs(path)))
+
+    # ------------------------------------------------------------------ introspection and teardown
+    def placement_report(self) -> dict[str, list[str]]:
+        """Node id of every actor, by group (what the multi-node test checks)."""
+        trainers, rollout, rewards = self._groups()
+        return {
+            "rollout": rollout.nodes,
+            "trainer": trainers.nodes,
+            "reward": [str(a.node.get("node_id")) for a in rewards.actors],
+        }
+
+    def rollout_versions(self) -> list[int]:
+        """Weight version each rollout worker holds (equals ``weight_version`` after every sync)."""
+        return self._groups()[1].versions()
+
+    def shutdown(self) -> None:
+        """Kill the actors, free the placement groups, and stop Ray if this executor started it."""
+        for group in (self.rollout, self.trainers, self.rewards):
+            if group is not None:
+                try:
+                    group.kill()
+                except Exception as exc:  # the cluster may already be gone
+                    logger.debug("could not kill %s: %s", type(group).__name__, exc)
+        self.rollout = self.trainers = self.rewards = None
+        if self.placement is not None:
+            self.placement.remove()
+            self.placement = None
+        if self._owns_ray:
+            ray_shutdown()
+            self._owns_ray = False

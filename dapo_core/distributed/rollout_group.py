@@ -1,0 +1,190 @@
+"""Rollout workers: data-parallel generation over Ray actors, each owning a rollout backend and a model copy.
+
+A prompt batch is cut into contiguous shards (``split_evenly``); worker k generates its shard with
+``prompt_index_offset`` = the shard's start, so every sample is seeded by its global (seed, prompt, sample)
+position and the gathered results equal one in-process ``generate`` call (the ``LocalExecutor``'s).
+
+Weights: ``update_weights(state_ref, version)`` hands every worker the trainer's state dict through the Ray
+object store (one ``ray.put`` by the trainer, read by each worker). Every ``generate`` states the version it
+expects; a worker holding another version (e.g. one Ray restarted between steps, which reloads the base model)
+refuses, and the controller re-syncs it and retries its share. A worker that dies mid-call is restarted by Ray
+(``max_restarts``), re-synced, and its share retried once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from dapo_core.config import DapoConfig
+from dapo_core.distributed.faults import ManagedActor, this_node, wait_ready
+from dapo_core.distributed.placement import PlacementGroups
+from dapo_core.distributed.ranges import split_evenly
+from dapo_core.engines.models import load_model, resolve_device
+from dapo_core.engines.rollout import RolloutResult, SamplingConfig, get_rollout_backend_cls
+from dapo_core.engines.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+ROLE = "rollout worker"
+
+
+class StaleWeightsError(RuntimeError):
+    """A rollout worker was asked to generate with a weight version it does not hold."""
+
+
+class RolloutWorker:
+    """Ray actor body: a rollout backend over its own copy of the policy (``ray.remote`` is applied by the group)."""
+
+    def __init__(self, cfg: DapoConfig, model_path: str, threads: int) -> None:
+        torch.set_num_threads(max(1, threads))
+        device = resolve_device(cfg.trainer.device)
+        model = load_model(
+            model_path,
+            dtype=cfg.model.dtype,
+            revision=cfg.model.revision,
+            trust_remote_code=cfg.model.trust_remote_code,
+            device=device,
+        )
+        tokenizer = load_tokenizer(
+            cfg.model.tokenizer_path or model_path,
+            revision=cfg.model.revision,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+        backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
+        self.backend = backend_cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
+        self._exit_on_generate = False
+
+    def node_info(self) -> dict[str, Any]:
+        return this_node()
+
+    def weight_version(self) -> int:
+        return self.backend.weight_version
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingConfig, offset: int, expected_version: int
+    ) -> list[RolloutResult]:
+        """Generate a shard whose first prompt is number ``offset`` of the batch, with weights ``expected_version``."""
+        if self._exit_on_generate:
+            os._exit(1)  # fault injection: die mid-call, as an OOM kill would
+        if self.backend.weight_version != expected_version:
+            raise StaleWeightsError(
+                f"this worker holds weight version {self.backend.weight_version}, the step expects "
+                f"{expected_version}: the controller re-syncs the weights and retries"
+            )
+        return self.backend.generate(prompts, sampling, prompt_index_offset=offset)  # type: ignore[call-arg]
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
+        self.backend.update_weights(state_dict, version)
+        return self.backend.weight_version
+
+    def exit_on_next_generate(self) -> None:
+        """Fault injection for tests and drills: the next ``generate`` call kills this process."""
+        self._exit_on_generate = True
+
+
+class RolloutGroup:
+    """The controller's view of the rollout workers: split, gather in order, sync weights, survive restarts."""
+
+    def __init__(
+        self,
+        cfg: DapoConfig,
+        model_path: str,
+        placement: PlacementGroups,
+        *,
+        max_restarts: int,
+        max_failures: int,
+        start_timeout_s: float,
+    ) -> None:
+        plan = placement.plan
+        remote_cls = ray.remote(RolloutWorker)
+        self.max_failures = max_failures
+        self.start_timeout_s = start_timeout_s
+        self.actors = [
+            ManagedActor(
+                ROLE,
+                k,
+                remote_cls.options(  # type: ignore[attr-defined]
+                    num_cpus=plan.rollout_request["num_cpus"],
+                    num_gpus=plan.rollout_request["num_gpus"],
+                    scheduling_strategy=placement.strategy(slot),
+                    max_restarts=max_restarts,
+                    max_task_retries=0,  # the group retries, after re-syncing the restarted worker's weights
+                ).remote(cfg, model_path, plan.threads),
+            )
+            for k, slot in enumerate(plan.rollout_slots)
+        ]
+        self._weights: tuple[Any, int] | None = None  # (state-dict ObjectRef, version) of the last sync
+
+    def ready(self) -> None:
+        """Wait for every worker to load its model (constructors run in parallel with the other groups')."""
+        wait_ready(self.actors, self.start_timeout_s)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [str(a.node.get("node_id")) for a in self.actors]
+
+    def _resync(self, actor: ManagedActor) -> None:
+        """Wait for Ray's restart of ``actor`` and put the latest synced weights back on it."""
+        actor.wait_alive(self.start_timeout_s)
+        if self._weights is not None:
+            ref, version = self._weights
+            ray.get(actor.handle.update_weights.remote(ref, version), timeout=self.start_timeout_s)
+
+    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig, version: int) -> list[RolloutResult]:
+        """All samples of ``prompts`` in (prompt, sample) order, generated with weights ``version``."""
+        shards = [(k, a, b) for k, (a, b) in enumerate(split_evenly(len(prompts), len(self.actors))) if b > a]
+        calls = {k: self._submit(k, prompts[a:b], sampling, a, version) for k, a, b in shards}
+        results: list[RolloutResult] = []
+        for k, a, b in shards:
+
+            def again(k: int = k, a: int = a, b: int = b) -> Any:
+                return self._submit(k, prompts[a:b], sampling, a, version)
+
+            results.extend(self._gather(k, calls[k], again))
+        return results
+
+    def _submit(self, k: int, prompts: Sequence[list[int]], sampling: SamplingConfig, offset: int, version: int) -> Any:
+        return self.actors[k].handle.generate.remote(list(prompts), sampling, offset, version)
+
+    def _gather(self, k: int, ref: Any, resubmit: Callable[[], Any]) -> Any:
+        """``ray.get(ref)``; on death or stale weights: count it, re-sync worker ``k`` and resubmit once."""
+        actor = self.actors[k]
+        try:
+            return ray.get(ref)
+        except (RayActorError, StaleWeightsError) as exc:
+            actor.record_failure(exc, self.max_failures)  # raises at the limit
+        try:
+            self._resync(actor)
+            return ray.get(resubmit(), timeout=self.start_timeout_s)
+        except (RayActorError, StaleWeightsError, GetTimeoutError) as exc:
+            actor.record_failure(exc, self.max_failures)
+            raise actor.error(
+                "its share of the step failed again after a restart", "Check the worker's log and its node"
+            ) from exc
+
+    def update_weights(self, state_ref: Any, version: int) -> list[int]:
+        """Load the trainer's state dict (an ObjectRef) on every worker; returns the versions they now hold."""
+        self._weights = (state_ref, version)
+        calls = [a.handle.update_weights.remote(state_ref, version) for a in self.actors]
+        held = []
+        for k, ref in enumerate(calls):
+
+            def again(k: int = k) -> Any:
+                return self.actors[k].handle.update_weights.remote(state_ref, version)
+
+            held.append(self._gather(k, ref, again))
+        return held
+
+    def versions(self) -> list[int]:
+        return ray.get([a.handle.weight_version.remote() for a in self.actors])
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor.handle, no_restart=True)

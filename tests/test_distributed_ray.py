@@ -1,0 +1,147 @@
+"""RayExecutor on a local Ray (num_cpus=2): the same DAPO step as LocalExecutor, weight sync, faults, reward bounds.
+
+One Ray session and one pair of executors (local, Ray with 2 rollout workers and 2 gloo trainer ranks) serve the
+whole module: every test runs its steps on both, so each comparison stands on its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import ray
+from _tiny import tiny_model_dir
+from conftest_distributed import (
+    assert_same_step,
+    dapo_step,
+    max_weight_diff,
+    ray_weights,
+    tiny_cfg,
+)
+
+from dapo_core.distributed import ActorFailureError, RayExecutor, RayOptions, RewardPool, connect, shutdown
+from dapo_core.engines.executor import LocalExecutor, sampling_from
+from dapo_core.engines.models import load_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a Ray hang fails the test, not CI
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    cfg = tiny_cfg("unused")
+    info = connect(cfg.resources)
+    assert info.started_local and info.resources["CPU"] == 2.0
+    yield info
+    shutdown()
+    assert not ray.is_initialized()
+
+
+class Pair:
+    def __init__(self, local: LocalExecutor, remote: RayExecutor) -> None:
+        self.local, self.remote = local, remote
+        self._steps = itertools.count(1)
+
+    def step(self):
+        step = next(self._steps)
+        return dapo_step(self.local, step), dapo_step(self.remote, step)
+
+
+@pytest.fixture(scope="module")
+def pair(ray_session, tmp_path_factory):
+    model_dir = tiny_model_dir(tmp_path_factory.mktemp("model") / "base")
+    cfg = tiny_cfg(model_dir, **{"resources.rollout_workers": 2, "resources.trainer_world_size": 2})
+    options = RayOptions(reward_timeout_s=5.0, max_actor_failures=2, start_timeout_s=120.0)
+    remote = RayExecutor(cfg, options=options)
+    yield Pair(LocalExecutor(cfg), remote)
+    remote.shutdown()
+    assert ray.is_initialized()  # the executor joined the module's session: it must not stop it
+
+
+def test_dapo_step_equals_the_local_step_and_every_sync_bumps_the_version(pair):
+    initial = ray_weights(pair.remote)
+    for expected_version in (1, 2):
+        a, b = pair.step()
+        assert_same_step(a, b)
+        assert b.metrics["num_updates"] == 3.0  # 5 groups in mini-batches of 2: the last piece is one group
+        assert pair.remote.weight_version == pair.local.weight_version == expected_version
+        assert pair.remote.rollout_versions() == [expected_version, expected_version]
+        weights = ray_weights(pair.remote)
+        assert max_weight_diff(pair.local, weights) <= 1e-6
+    moved = max(float((weights[k] - initial[k]).abs().max()) for k in weights)
+    assert moved > 1e-5  # the comparison is not between two untouched models
+
+
+def test_rollout_worker_killed_mid_generate_is_restarted_and_the_step_still_matches(pair):
+    victim = pair.remote.rollout.actors[1]
+    pid_before = victim.node["pid"]
+    ray.get(victim.handle.exit_on_next_generate.remote())
+    a, b = pair.step()  # worker 1 exits inside generate; Ray restarts it; its share is retried on new weights
+    assert_same_step(a, b)
+    assert victim.failures == 1 and victim.node["pid"] != pid_before
+    assert pair.remote.rollout_versions() == [b.version, b.version]
+    assert max_weight_diff(pair.local, ray_weights(pair.remote)) <= 1e-6
+
+
+def test_worker_restarted_between_steps_refuses_stale_weights_and_is_resynced(pair):
+    victim = pair.remote.rollout.actors[0]
+    pid_before = victim.node["pid"]
+    ray.kill(victim.handle, no_restart=False)  # dies idle; Ray brings it back with the base model (version 0)
+    while victim.node["pid"] == pid_before:  # wait for the new process (pytest-timeout bounds this loop)
+        victim.wait_alive(60.0)
+    assert ray.get(victim.handle.weight_version.remote()) == 0
+    a, b = pair.step()  # generate refuses version 0; the controller pushes the latest weights and redoes the share
+    assert_same_step(a, b)
+    assert victim.failures == 1 and victim.last_cause.startswith("StaleWeightsError")
+    assert max_weight_diff(pair.local, ray_weights(pair.remote)) <= 1e-6
+
+
+def test_checkpoint_and_export_go_through_rank0_and_restore_every_rank(pair, tmp_path):
+    ckpt = pair.remote.save_checkpoint(tmp_path / "ckpts", 7, {"mlflow_run_id": "abc"})
+    assert (ckpt / "model.safetensors").is_file()
+    saved = load_model(str(ckpt)).state_dict()
+    assert max_weight_diff(pair.local, saved) <= 1e-6
+    exported = pair.remote.export_model(tmp_path / "export")
+    assert max_weight_diff(pair.local, load_model(str(exported)).state_dict()) <= 1e-6
+    meta = pair.remote.load_checkpoint(ckpt)
+    assert meta["mlflow_run_id"] == "abc" and meta["step"] == 7
+    assert meta["weight_version"] == pair.remote.weight_version
+    assert pair.remote.rollout_versions() == [pair.remote.weight_version] * 2
+
+
+def test_reward_item_that_sleeps_forever_is_failed_within_its_bound(ray_session):
+    def reward(completion: str, ground_truth: str) -> dict:
+        if completion == "HANG":
+            time.sleep(10**6)
+        if completion == "RAISE":
+            raise ValueError("bad item")
+        return {"score": 1.0 if completion == ground_truth else -1.0, "acc": completion == ground_truth, "pred": "x"}
+
+    pool = RewardPool(reward, num_workers=2, item_timeout_s=1.0, start_timeout_s=60.0)
+    try:
+        texts = ["1", "HANG", "2", "RAISE", "3", "4"]
+        start = time.monotonic()
+        scored = pool.score(texts, ["1", "0", "0", "0", "3", "4"])
+        elapsed = time.monotonic() - start
+        assert scored.num_failed == 2
+        assert [r["pred"] for r in scored.results][1:4:2] == ["[TIMEOUT]", "[ERROR]"]
+        assert [r["acc"] for r in scored.results] == [True, False, False, False, True, True]
+        assert [r["score"] for r in scored.results] == [1.0, -1.0, -1.0, -1.0, 1.0, 1.0]
+        assert 1.0 <= elapsed < 60.0  # waited for the bound, then moved on (the hung process was killed)
+        again = pool.score(["HANG", "5"], ["0", "5"])  # the killed worker came back and the pool still works
+        assert again.num_failed == 1 and again.results[1]["acc"]
+    finally:
+        pool.kill()
+
+
+def test_the_failure_limit_raises_an_error_naming_actor_node_and_cause(pair):
+    victim = pair.remote.rollout.actors[1]
+    victim.failures = pair.remote.options.max_actor_failures - 1  # one more failure reaches the limit
+    ray.get(victim.handle.exit_on_next_generate.remote())
+    with pytest.raises(ActorFailureError) as info:
+        pair.remote.generate([[5, 6, 7]] * 2, sampling_from(pair.remote.cfg, seed=1))
+    message = str(info.value)
+    assert "rollout worker 1" in message and f"node {victim.node['ip']}" in message
+    # a process that exits mid-call reads as died or (while Ray notices) unavailable; either way it is named
+    assert info.value.cause.startswith(("ActorDiedError", "ActorUnavailableError")) and info.value.node in message
+    assert "max_actor_failures=2" in message
