@@ -64,10 +64,13 @@ def start_run(
     run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
 ) -> Iterator[mlflow.ActiveRun]:
-    """Start (or, with ``run_id``, resume) an MLflow run; ends it FINISHED, or FAILED on an exception."""
+    """Start (or, with ``run_id``, resume) an MLflow run; ends it FINISHED, or FAILED on an exception.
+
+    Inside an active run (the pipeline's parent run) the new run is always nested under it, so stage flows
+    called from ``dapo pipeline`` become its children without each needing to know.
+    """
     configure_mlflow(cfg)
-    if nested and mlflow.active_run() is None:
-        nested = False
+    nested = mlflow.active_run() is not None
     run = mlflow.start_run(
         run_id=run_id,
         run_name=None if run_id else run_name,

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dapo_core.data.curate import CurationConfig
+
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -262,6 +264,44 @@ class ResourcesConfig(_Section):
     )
 
 
+class BaseModelStageConfig(_Section):
+    """The warm start of the tiny CPU model (the `base_model` stage): SFT on the synthetic task's worked solutions,
+    the stand-in for a pretrained base model. Real recipes skip this stage and name an HF model in model.path."""
+
+    steps: int = Field(default=1000, gt=0, description="SFT optimizer steps (the budget that makes it deterministic).")
+    time_budget_s: float | None = Field(
+        default=None, description="Stop earlier after this many seconds (null = off; breaks determinism)."
+    )
+    lr: float = Field(default=3e-3, gt=0, description="Peak SFT learning rate (linear warm-up, cosine decay).")
+    warmup_steps: int = Field(default=30, ge=0, description="Linear warm-up steps of the SFT schedule.")
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay during SFT.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip during SFT.")
+    batch_size: int = Field(default=64, gt=0, description="Problems per SFT step.")
+    micro_batch_size: int = Field(default=64, gt=0, description="Problems per forward/backward micro-batch.")
+    min_ops: int = Field(default=1, ge=1, description="Fewest operations of the SFT problems.")
+    max_ops: int = Field(default=4, ge=1, description="Most operations of the SFT problems.")
+    heldout_size: int = Field(default=200, ge=0, description="Held-out problems for the stage's own accuracy check.")
+    heldout_k: int = Field(default=8, gt=0, description="Samples per held-out problem (k >= 8: k=4 is noisy).")
+    log_every: int = Field(default=10, gt=0, description="Log SFT metrics every k steps.")
+
+
+class EvaluationConfig(_Section):
+    """How `dapo evaluate` and the pipeline's evaluate stage score a model (k, T and top_p come from rollout.val_*)."""
+
+    ks: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32],
+        description="k values of pass@k / maj@k (those above n are dropped, n is always added).",
+    )
+    reflection_phrases: list[str] | None = Field(
+        default=None,
+        description="Phrases counted by the reflection rate (whole words, any case); null = the built-in list "
+        "(wait, let me check, verify, re-examine, double-check, ...).",
+    )
+    seed: int | None = Field(default=None, description="Sampling seed; null = derived from trainer.seed.")
+    metrics_path: str = Field(default="metrics/eval.json", description="Where `dvc metrics show` reads the results.")
+
+
 class DapoConfig(_Section):
     """The whole resolved configuration of one run (see `dapo_core.config.load_config`)."""
 
@@ -288,6 +328,15 @@ class DapoConfig(_Section):
     resources: ResourcesConfig = Field(
         default_factory=ResourcesConfig,
         description="Local or Ray execution, GPUs and placement (train, evaluate).",
+    )
+    curation: CurationConfig = Field(
+        default_factory=CurationConfig, description="Sources, split and synthetic raw data (curate)."
+    )
+    base_model: BaseModelStageConfig = Field(
+        default_factory=BaseModelStageConfig, description="Warm start of the tiny CPU model (base_model)."
+    )
+    evaluation: EvaluationConfig = Field(
+        default_factory=EvaluationConfig, description="pass@k list, reflection phrases, metrics file (evaluate)."
     )
 
     @model_validator(mode="after")
