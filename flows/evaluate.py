@@ -67,7 +67,11 @@ def evaluate_flow(
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
     files = list(data) if data else list(cfg.data.val_files)
     n = k if k is not None else cfg.rollout.val_n
-    sample_seed = seed if seed is not None else T.eval_seed(cfg)
+    ev = cfg.evaluation
+    if seed is not None:
+        sample_seed = seed
+    else:
+        sample_seed = ev.seed if ev.seed is not None else T.eval_seed(cfg)
     resolved = T.resolve_model(cfg, model or cfg.model.path)
     records = T.load_problems(files)
     tags = {
@@ -91,8 +95,8 @@ def evaluate_flow(
             records,
             k=n,
             seed=sample_seed,
-            ks=ks or list(DEFAULT_PASS_KS),
-            reflection_phrases=reflection_phrases or list(DEFAULT_REFLECTION_PHRASES),
+            ks=ks or list(ev.ks or DEFAULT_PASS_KS),
+            reflection_phrases=reflection_phrases or list(ev.reflection_phrases or DEFAULT_REFLECTION_PHRASES),
         )
         summary = T.summary_of(report, resolved, files)
         T.log_evaluation(report, summary, run_id=run_id)

@@ -223,11 +223,15 @@ def evaluate_items(
     cfg: DapoConfig,
     *,
     seed_parts: Sequence[int | str] = ("val",),
-    ks: Sequence[int] = DEFAULT_PASS_KS,
-    reflection_phrases: Sequence[str] = DEFAULT_REFLECTION_PHRASES,
+    ks: Sequence[int] | None = None,
+    reflection_phrases: Sequence[str] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Validation inside training: ``items`` are tokenized prompts (``.record``, ``.prompt_ids``) of the live
-    policy's tokenizer; k = rollout.val_n. Returns (``val/<ds>/...`` metrics, per-problem rows)."""
+    policy's tokenizer; k = rollout.val_n; ks / phrases default to the config's ``evaluation`` section.
+    Returns (``val/<ds>/...`` metrics, per-problem rows)."""
+    ks = ks if ks is not None else (cfg.evaluation.ks or DEFAULT_PASS_KS)
+    if reflection_phrases is None:
+        reflection_phrases = cfg.evaluation.reflection_phrases or DEFAULT_REFLECTION_PHRASES
     seed = eval_seed(cfg, *seed_parts)
     report = evaluate(
         executor,
