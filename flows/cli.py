@@ -86,6 +86,9 @@ def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at D
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:  # one line per HTTP call to the local Prefect/MLflow APIs is noise
+        for name in ("httpx", "httpcore", "urllib3", "alembic", "mlflow.store.db.utils"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @config_app.command("show")

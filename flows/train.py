@@ -179,11 +179,18 @@ def _train_step(
         zero_var += sum(zero_variance_flags(batch))
         groups_seen += len(batch.groups)
     groups = acc.take()
-    metrics, t_update = T.update_policy(executor, groups, cfg)
-    t0 = time.perf_counter()
-    T.sync_weights(executor)
-    timings["sync_weights"] = time.perf_counter() - t0
-    timings.update(t_update)
+    if groups:
+        metrics, t_update = T.update_policy(executor, groups, cfg)
+        t0 = time.perf_counter()
+        T.sync_weights(executor)
+        timings["sync_weights"] = time.perf_counter() - t0
+        timings.update(t_update)
+    else:
+        # graceful dynamic sampling kept nothing: no group has signal, so there is no gradient to follow
+        get_run_logger().warning(
+            "step %d: dynamic sampling kept no group in %d generation batches: skipping the update", step, gen_idx
+        )
+        metrics = {"perf/batch_tokens": 0.0}
     gen_batches_total += gen_idx
     step_time = time.perf_counter() - t_step
     timings["step"] = step_time
@@ -197,6 +204,7 @@ def _train_step(
             "train/kept_groups_frac": acc.kept_groups_frac,
             "train/zero_std_groups_frac": zero_var / max(groups_seen, 1),
             "train/num_groups": float(len(groups)),
+            "train/update_skipped": float(not groups),
             "reward/num_failed": float(failed),
             "perf/time_per_step": step_time,
             "perf/total_num_tokens": metrics.pop("perf/batch_tokens"),

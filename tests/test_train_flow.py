@@ -161,3 +161,16 @@ def test_the_same_flow_runs_on_the_ray_executor(tmp_path, monkeypatch):
     wr = AutoModelForCausalLM.from_pretrained(on_ray["final_model"]).state_dict()
     for k in wl:
         torch.testing.assert_close(wr[k], wl[k], rtol=1e-4, atol=1e-5)
+
+
+def test_no_signal_skips_the_update_gracefully_or_fails_clearly(tmp_path):
+    from dapo_core.algorithm import DynamicSamplingExhausted
+
+    common = ("algorithm.reward_fn=test_always_wrong", "trainer.total_steps=2", "trainer.save_freq=0",
+              "algorithm.dynamic_sampling.max_num_gen_batches=2", "trainer.val_before_train=false")  # fmt: skip
+    cfg = make_train_cfg(tmp_path / "g", *common, "algorithm.dynamic_sampling.on_exhausted=continue")
+    rid = run(cfg, tmp_path / "g")["run_id"]
+    assert [v for _, v in history(rid, "train/update_skipped")] == [1.0, 1.0]
+    assert [v for _, v in history(rid, "train/zero_std_groups_frac")] == [1.0, 1.0]
+    with pytest.raises(DynamicSamplingExhausted, match="max_num_gen_batches"):
+        run(make_train_cfg(tmp_path / "e", *common), tmp_path / "e")

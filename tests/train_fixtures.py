@@ -74,3 +74,9 @@ def half_hopeless_reward(completion: str, ground_truth: str) -> dict:
     """Zero-variance groups on purpose: prompts with an even ground truth can never be solved (all -1)."""
     ok = int(ground_truth) % 2 != 0 and len(completion) % 2 == 0
     return {"score": 1.0 if ok else -1.0, "acc": ok, "pred": str(len(completion))}
+
+
+@register_reward("test_always_wrong")
+def always_wrong_reward(completion: str, ground_truth: str) -> dict:
+    """No group ever has signal (a model that solves nothing yet)."""
+    return {"score": -1.0, "acc": False, "pred": "[INVALID]"}

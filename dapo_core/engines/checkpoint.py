@@ -172,8 +172,9 @@ def load_checkpoint(path: str | Path, *, model: nn.Module | None = None, restore
         missing = [k for k in missing if not k.endswith("lm_head.weight")]
         if missing or unexpected:
             raise ValueError(f"checkpoint {path} does not match the model: missing {missing}, unexpected {unexpected}")
-        if hasattr(model, "tie_weights"):
-            model.tie_weights()
+        tie_weights = getattr(model, "tie_weights", None)
+        if callable(tie_weights):
+            tie_weights()
     trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     if restore_rng:
         restore_rng_state(torch.load(path / "rng_state.pt", map_location="cpu", weights_only=True))

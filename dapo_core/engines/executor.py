@@ -155,7 +155,8 @@ class LocalExecutor(Executor):
             device=self.device,
         )
         backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
-        self.rollout = backend_cls(self.model, self._tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)
+        # every backend takes (model, tokenizer, *, micro_batch_size); the ABC itself declares no constructor
+        self.rollout = backend_cls(self.model, self._tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
         self.loss_cfg = loss_config_from(cfg)
         self._version = 0
 

@@ -134,8 +134,9 @@ class PolicyTrainer:
         self.optim_cfg = optim
         self.micro_batch_size = micro_batch_size
         self.entropy_chunk_size = entropy_chunk_size
-        if gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
+        enable_checkpointing = getattr(model, "gradient_checkpointing_enable", None)
+        if gradient_checkpointing and callable(enable_checkpointing):
+            enable_checkpointing()
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -230,6 +231,7 @@ class PolicyTrainer:
         loss_total = 0.0
         for micro in split_rows(mini, self.micro_batch_size):
             mb = _trim(micro).to(self.device)
+            assert mb.old_log_probs is not None and mb.advantages is not None
             logits = self._forward_logits(mb)  # (n, T, V)
             log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
             loss, m = policy_loss(

@@ -149,6 +149,7 @@ def build_train_batch(
         prompts, responses, pad_token_id=pad_token_id, group_ids=gids, truncated=trunc, advantages=adv
     )
     if cfg.algorithm.overlong.filtering:
+        assert batch.truncated is not None
         batch.response_mask = overlong_filter_mask(batch.response_mask, batch.truncated)  # (N, T)
     stats = TrainBatchStats(
         advantages=adv.tolist(),
