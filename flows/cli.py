@@ -22,23 +22,22 @@ from dapo_core.env import apply_quiet_env
 apply_quiet_env()
 
 import logging  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Annotated, NoReturn  # noqa: E402
+from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
 
 from dapo_core.config import (  # noqa: E402
-    ConfigError,
-    DapoConfig,
     available_recipes,
     dump_yaml,
     flatten_config,
-    load_config,
     recipe_summary,
 )
-
-EXIT_USAGE = 2
+from flows.cli_common import (  # noqa: E402  (re-exported: the commands' shared options)
+    ConfigOpt,
+    RecipeOpt,
+    SetOpt,
+    resolve_config,
+)
 
 app = typer.Typer(
     name="dapo",
@@ -49,34 +48,6 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect the resolved config and the shipped recipes.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
-
-_stderr = Console(stderr=True, soft_wrap=True)
-
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="YAML config file (default: params.yaml); excludes --recipe."),
-]
-RecipeOpt = Annotated[
-    str | None, typer.Option("--recipe", "-r", help="Recipe name from recipes/ (see `dapo config recipes`).")
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", "-s", help="Override one key: dotted.key=value (YAML value); repeatable, last wins."),
-]
-
-
-def fail(message: str) -> NoReturn:
-    """Print a red error to stderr (no traceback) and exit with status 2."""
-    _stderr.print(f"error: {message}", style="red", markup=False, highlight=False)
-    raise typer.Exit(EXIT_USAGE)
-
-
-def resolve_config(config: Path | None, recipe: str | None, overrides: list[str] | None) -> DapoConfig:
-    """`load_config` for a command: a bad config or a missing file becomes `fail(...)`."""
-    try:
-        return load_config(config_path=config, recipe=recipe, overrides=overrides or ())
-    except (ConfigError, FileNotFoundError) as exc:
-        fail(str(exc))
 
 
 @app.callback()

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 
 
 def register(app: typer.Typer) -> None:

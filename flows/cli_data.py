@@ -14,7 +14,7 @@ import typer
 from dapo_core.config import ConfigError
 from dapo_core.data.curate import DEFAULT_OUTPUT_DIR
 from dapo_core.data.schema import SchemaError
-from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail
+from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail
 
 # What a user can fix from the message alone: print it, no traceback.
 _USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, ImportError)

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from dapo_core.data.schema import SchemaError
-from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 
 
 def parse_ks(text: str | None) -> list[int] | None:

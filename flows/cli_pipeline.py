@@ -6,7 +6,7 @@ import time
 
 import typer
 
-from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 from flows.cli_train import USER_ERRORS
 
 

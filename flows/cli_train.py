@@ -11,7 +11,7 @@ import typer
 from dapo_core.algorithm import DynamicSamplingExhausted
 from dapo_core.config import ConfigError
 from dapo_core.data.schema import SchemaError
-from flows.cli import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 
 # errors a user can fix from the message alone: shown without a traceback
 USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, ConfigError, SchemaError, DynamicSamplingExhausted)

@@ -26,7 +26,8 @@ from dapo_core.config import load_config
 from dapo_core.evaluation import DEFAULT_PASS_KS, DEFAULT_REFLECTION_PHRASES
 from tasks import evaluate as T
 from tasks import tracking
-from tasks.train_logging import dvc_md5, file_digest
+from tasks.data import dvc_recorded_md5
+from tasks.train_logging import file_digest
 
 DEFAULT_METRICS_PATH = "metrics/eval.json"  # DESIGN.md: the evaluate stage's fixed output
 DEFAULT_COMPARE_DIR = "outputs/compare"
@@ -79,7 +80,7 @@ def evaluate_flow(
         "stage": "evaluate",
         "recipe": cfg.recipe,
         "model.id": resolved.uri,
-        "data.dvc_md5": dvc_md5(),
+        "data.dvc_md5": dvc_recorded_md5(),
         "data.eval_digest": file_digest(files),
         "eval.k": str(n),
         "eval.seed": str(sample_seed),

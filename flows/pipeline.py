@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
 from tasks import tracking
-from tasks.train_logging import dvc_md5
+from tasks.data import dvc_recorded_md5
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ DVC_STAGES = ("curate", "base_model", "train", "evaluate")
 
 def _dvc_commit(plog: Any) -> bool:
     """Record the stage outputs in dvc.lock (they were produced by the same code the stage commands run)."""
-    dvc = shutil.which("dvc")
+    # the venv's dvc first: `.venv/bin/dapo pipeline` (make run) does not put .venv/bin on PATH
+    beside = Path(sys.executable).parent / "dvc"
+    dvc = str(beside) if beside.is_file() else shutil.which("dvc")
     if dvc is None or not Path("dvc.yaml").is_file() or not Path(".dvc").is_dir():
         plog.warning("dvc (or dvc.yaml / .dvc) not found: stage outputs not recorded; run `dvc commit` yourself")
         return False
@@ -62,7 +65,7 @@ def pipeline_flow(
         tracking.log_params_flat(cfg)
         tracking.set_tags(tracking.git_tags())
         curated = curate_flow(**common)
-        data_tags = {"data.dvc_md5": dvc_md5(), "data.curated_digest": str(curated.get("digest", ""))}
+        data_tags = {"data.dvc_md5": dvc_recorded_md5(), "data.curated_digest": str(curated.get("digest", ""))}
         tracking.set_tags(data_tags)
         base = base_model_flow(**common, extra_tags=data_tags)
         base_eval = evaluate_flow(

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +22,8 @@ from typing import Any
 import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ValidationError
 
-from dapo_core.config import DEFAULT_CONFIG, ConfigError, DapoConfig, find_recipe, load_config
-from dapo_core.config.loader import parse_yaml_value, read_yaml
+from dapo_core.config import DapoConfig, load_config
 from dapo_core.data.card import CARD_JSON, CARD_MD, build_card, render_markdown, write_card
 from dapo_core.data.curate import CurationConfig, CurationResult, SyntheticDataConfig, curate
 from dapo_core.data.loaders import SourceRows, SourceSpec, file_md5, load_source
@@ -44,72 +41,12 @@ METRIC_PREFIX = "data/"  # MLflow metrics of a curation: data/rows_in, data/drop
 # ---------------- config: the main config + the curation section ----------------
 
 
-def _section_of(data: Mapping[str, Any], chain: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The ``curation:`` mapping of a YAML document, following ``inherit:`` to recipes when it has none."""
-    if SECTION in data:
-        return dict(data[SECTION] or {})
-    parent = data.get("inherit")
-    if isinstance(parent, str) and parent not in chain:
-        return _section_of(read_yaml(find_recipe(parent)), (*chain, parent))
-    return {}
-
-
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        data = data.setdefault(part, {})
-        if not isinstance(data, dict):
-            raise ConfigError(f"--set {SECTION}.{dotted}: {part} is not a section; set the whole value instead")
-    data[leaf] = value
-
-
-def _validate_section(section: Mapping[str, Any], source: str) -> CurationConfig:
-    try:
-        return CurationConfig.model_validate(section)
-    except ValidationError as exc:
-        lines = [
-            f"{SECTION}.{'.'.join(str(p) for p in err['loc'])} ({err.get('input')!r:.60}) {err['msg'].lower()}: "
-            "fix the value (see dapo_core/data/curate.py CurationConfig)"
-            for err in exc.errors()
-        ]
-        raise ConfigError(lines, source=source) from None
-
-
-def _main_config(config_path: str | Path | None, recipe: str | None, overrides: Sequence[str]) -> DapoConfig:
-    """``load_config``; while DapoConfig has no ``curation`` field, a file's section is set aside first.
-
-    Transitional: remove the temp-file branch once ``DapoConfig`` declares the section."""
-    path = Path(config_path if config_path is not None else DEFAULT_CONFIG)
-    if SECTION in DapoConfig.model_fields or recipe is not None or not path.is_file():
-        return load_config(config_path=config_path, recipe=recipe, overrides=overrides)
-    data = read_yaml(path)
-    if SECTION not in data:
-        return load_config(config_path=path, overrides=overrides)
-    data.pop(SECTION)
-    data.setdefault("recipe", path.stem)
-    with tempfile.TemporaryDirectory(prefix="dapo-config-") as tmp:
-        copy = Path(tmp) / path.name
-        copy.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-        return load_config(config_path=copy, overrides=overrides)
-
-
 def resolve_curation(
     config_path: str | Path | None = None, recipe: str | None = None, overrides: Sequence[str] = ()
 ) -> tuple[DapoConfig, CurationConfig]:
-    """The main config and the curation section (file or recipe -> ``--set curation.*`` overrides)."""
-    overrides = list(overrides)
-    if SECTION in DapoConfig.model_fields:
-        cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides)
-        value = getattr(cfg, SECTION)
-        return cfg, _validate_section(value.model_dump() if isinstance(value, BaseModel) else value, cfg.recipe)
-    own = [o for o in overrides if o.split("=", 1)[0].strip().startswith(f"{SECTION}.")]
-    cfg = _main_config(config_path, recipe, [o for o in overrides if o not in own])
-    source = str(find_recipe(recipe)) if recipe is not None else str(config_path or DEFAULT_CONFIG)
-    section = _section_of(read_yaml(Path(source))) if Path(source).is_file() else {}
-    for item in own:
-        key, _, text = item.partition("=")
-        _set_dotted(section, key.strip().removeprefix(f"{SECTION}."), parse_yaml_value(text))
-    return cfg, _validate_section(section, source + (f" (+ --set {' '.join(own)})" if own else ""))
+    """The main config and its curation section (file or recipe -> environment -> ``--set``)."""
+    cfg = load_config(config_path=config_path, recipe=recipe, overrides=list(overrides))
+    return cfg, cfg.curation
 
 
 def tokenizer_spec(cfg: DapoConfig, ccfg: CurationConfig) -> str:

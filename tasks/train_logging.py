@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -18,6 +17,7 @@ from dapo_core.engines.executor import Executor
 from dapo_core.training.plots import PANELS, plot_training_dynamics
 from dapo_core.training.prompts import PromptItem
 from tasks import tracking
+from tasks.data import dvc_recorded_md5
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +35,13 @@ def file_digest(paths: Sequence[str | Path]) -> str:
     return h.hexdigest()
 
 
-def dvc_md5(dvc_file: str | Path = "data.dvc") -> str:
-    """md5 of the raw data as recorded in ``data.dvc`` ("none" when the project has no such file)."""
-    path = Path(dvc_file)
-    if not path.is_file():
-        return "none"
-    outs = (yaml.safe_load(path.read_text()) or {}).get("outs") or [{}]
-    return str(outs[0].get("md5", "none"))
-
-
 def run_tags(cfg: DapoConfig, run_name: str) -> dict[str, str]:
     return {
         **tracking.git_tags(),
         "recipe": cfg.recipe,
         "seed": str(cfg.trainer.seed),
         "model.id": cfg.model.path,
-        "data.dvc_md5": dvc_md5(),
+        "data.dvc_md5": dvc_recorded_md5(),
         "data.train_digest": file_digest(cfg.data.train_files),
         "data.val_digest": file_digest(cfg.data.val_files),
         "run_name": run_name,

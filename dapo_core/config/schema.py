@@ -110,7 +110,10 @@ class RolloutConfig(_Section):
         default=None, gt=0, description="Generation cap; null -> data.max_response_length (L_max)."
     )
     micro_batch_size: int = Field(
-        default=32, gt=0, description="Prompts per generate call on the hf backend (vLLM batches itself)."
+        default=32,
+        gt=0,
+        description="Rows (prompt x sample) per generate call on the hf backend; larger is faster on CPU "
+        "until memory binds (vLLM batches itself).",
     )
     val_n: int = Field(default=32, gt=0, description="k samples per validation prompt for avg@k. Paper: 32.")
     val_temperature: float = Field(default=1.0, gt=0, description="Validation temperature. Paper: 1.0.")

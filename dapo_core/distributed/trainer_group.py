@@ -31,10 +31,14 @@ from dapo_core.distributed.placement import PlacementGroups
 from dapo_core.distributed.sharding import shard_for_update, shard_rows
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import load_checkpoint, save_checkpoint
-from dapo_core.engines.executor import loss_config_from, optim_config_from, policy_state_dict
-from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
+from dapo_core.engines.executor import (
+    load_policy_model,
+    loss_config_from,
+    policy_state_dict,
+    policy_trainer_from,
+)
+from dapo_core.engines.models import resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.engines.trainer import PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -51,20 +55,8 @@ class TrainerRank:
         self.rank = rank
         self.world_size = world_size
         self.device = resolve_device(cfg.trainer.device)
-        self.model = load_model(
-            model_path,
-            dtype=cfg.model.dtype,
-            revision=cfg.model.revision,
-            trust_remote_code=cfg.model.trust_remote_code,
-            device=self.device,
-        )
-        self.trainer = PolicyTrainer(
-            self.model,
-            optim_config_from(cfg),
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            device=self.device,
-        )
+        self.model = load_policy_model(cfg, model_path, self.device)
+        self.trainer = policy_trainer_from(cfg, self.model, self.device)
         self.loss_cfg = loss_config_from(cfg)
         self._tokenizer: Any = None
 

@@ -129,6 +129,28 @@ class Executor(abc.ABC):
         self.shutdown()
 
 
+def load_policy_model(cfg: DapoConfig, path: str, device: torch.device) -> Any:
+    """The policy model named by ``path`` with the config's dtype / revision / remote-code settings."""
+    return load_model(
+        path,
+        dtype=cfg.model.dtype,
+        revision=cfg.model.revision,
+        trust_remote_code=cfg.model.trust_remote_code,
+        device=device,
+    )
+
+
+def policy_trainer_from(cfg: DapoConfig, model: Any, device: torch.device) -> PolicyTrainer:
+    """A ``PolicyTrainer`` over ``model`` with the config's optimizer, micro-batch and checkpointing settings."""
+    return PolicyTrainer(
+        model,
+        optim_config_from(cfg),
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        device=device,
+    )
+
+
 class LocalExecutor(Executor):
     """Everything in this process. Rollout and training share one model object (a hybrid engine, as verl's
     colocated mode), so ``sync_weights`` only bumps the version: no copy is needed."""
@@ -137,23 +159,11 @@ class LocalExecutor(Executor):
         self.cfg = cfg
         path = model_path or cfg.model.path
         self.device = resolve_device(cfg.trainer.device)
-        self.model = load_model(
-            path,
-            dtype=cfg.model.dtype,
-            revision=cfg.model.revision,
-            trust_remote_code=cfg.model.trust_remote_code,
-            device=self.device,
-        )
+        self.model = load_policy_model(cfg, path, self.device)
         self._tokenizer = load_tokenizer(
             cfg.model.tokenizer_path or path, revision=cfg.model.revision, trust_remote_code=cfg.model.trust_remote_code
         )
-        self.trainer = PolicyTrainer(
-            self.model,
-            optim_config_from(cfg),
-            micro_batch_size=cfg.trainer.micro_batch_size,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-            device=self.device,
-        )
+        self.trainer = policy_trainer_from(cfg, self.model, self.device)
         backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
         # every backend takes (model, tokenizer, *, micro_batch_size); the ABC itself declares no constructor
         self.rollout = backend_cls(self.model, self._tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
