@@ -105,7 +105,7 @@ def test_tiny_dapo_values():
     assert (cfg.model.path, cfg.model.dtype, d.template, t.device) == ("outputs/base_model", "float32", "tiny", "cpu")
     assert (r.backend, cfg.resources.executor) == ("hf", "local")
     assert (d.train_batch_size, d.gen_batch_size, r.n, t.ppo_mini_batch_size) == (32, 48, 8, 16)
-    assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (128, 32, 64)
+    assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (32, 32, 64)
     assert (a.overlong.buffer_length, a.overlong.penalty_factor, a.clip_c) == (16, 1.0, 10.0)
     assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (3e-4, 0, "constant", 0.0, 1.0)
     assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (24, 8, 8, 2)

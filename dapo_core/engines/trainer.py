@@ -94,6 +94,13 @@ def _all_reduce_sum(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def _by_length(batch: PolicyBatch) -> PolicyBatch:
+    """Rows sorted by real length, so each micro-batch is trimmed to similar widths (up to ~1/3 less padding
+    compute here). The mini-batch gradient is the same sum in another order (global denominators)."""
+    order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)  # (N,)
+    return batch.select(order)
+
+
 def _trim(batch: PolicyBatch) -> PolicyBatch:
     """Drop columns that are padding in every row (left of prompts, right of responses) to save compute."""
     used = batch.attention_mask.any(dim=0)  # (P+T,)
@@ -229,7 +236,7 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         weighted: dict[str, float] = {}
         loss_total = 0.0
-        for micro in split_rows(mini, self.micro_batch_size):
+        for micro in split_rows(_by_length(mini), self.micro_batch_size):
             mb = _trim(micro).to(self.device)
             assert mb.old_log_probs is not None and mb.advantages is not None
             logits = self._forward_logits(mb)  # (n, T, V)
@@ -305,7 +312,7 @@ class PolicyTrainer:
         num_tokens = _all_reduce_sum(float(batch.response_mask.sum()), self.device)
         self.optimizer.zero_grad(set_to_none=True)
         total, correct = 0.0, 0.0
-        for micro in split_rows(batch, self.micro_batch_size):
+        for micro in split_rows(_by_length(batch), self.micro_batch_size):
             mb = _trim(micro).to(self.device)
             logits = self._forward_logits(mb)  # (n, T, V)
             log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
