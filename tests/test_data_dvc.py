@@ -59,6 +59,10 @@ def repo(tmp_path, prefect_api):
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, dst)
+    # only the curate stage: this test is about curation (the later stages train models)
+    pipeline = yaml.safe_load((root / "dvc.yaml").read_text())
+    pipeline["stages"] = {"curate": pipeline["stages"]["curate"]}
+    (root / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params.setdefault("curation", {}).update({"val_size": 20, "synthetic": {"n": 300}})
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

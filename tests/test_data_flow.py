@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import typer
+import yaml
 from conftest_data import REPO
 from mlflow.tracking import MlflowClient
 from prefect.testing.utilities import prefect_test_harness
@@ -90,7 +91,7 @@ def test_cli_commands_and_their_errors(prefect, workdir):
     assert "curated 200 rows -> train " in out.output and (workdir / "cur/card.md").is_file()
 
     out = runner.invoke(app, ["curate", *base, "--set", "curation.val_size=-1"])
-    assert out.exit_code == 2 and "curation.val_size (-1) input should be greater than or equal to 0" in out.output
+    assert out.exit_code == 2 and "curation.val_size (-1) must be >= 0" in out.output
     before = {p.name: p.read_bytes() for p in (workdir / "cur").iterdir()}
     (workdir / "bad.csv").write_text("question,answer\n1+1,2\n")
     for source, message in (("missing.jsonl", "missing.jsonl: no such source file"),
@@ -102,7 +103,9 @@ def test_cli_commands_and_their_errors(prefect, workdir):
 
 def test_curation_section_is_read_from_the_file(tmp_path):
     params = tmp_path / "params.yaml"
-    params.write_text((REPO / "params.yaml").read_text() + "\ncuration:\n  val_size: 7\n  synthetic:\n    n: 99\n")
+    data = yaml.safe_load((REPO / "params.yaml").read_text())
+    data["curation"] = {"val_size": 7, "synthetic": {"n": 99}}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg, ccfg = resolve_curation(params, overrides=["curation.synthetic.seed=3", "data.max_prompt_length=24"])
     assert (ccfg.val_size, ccfg.synthetic.n, ccfg.synthetic.seed) == (7, 99, 3)
     assert cfg.data.max_prompt_length == 24 and cfg.recipe == "tiny-dapo"
