@@ -173,4 +173,4 @@ def test_no_signal_skips_the_update_gracefully_or_fails_clearly(tmp_path):
     assert [v for _, v in history(rid, "train/update_skipped")] == [1.0, 1.0]
     assert [v for _, v in history(rid, "train/zero_std_groups_frac")] == [1.0, 1.0]
     with pytest.raises(DynamicSamplingExhausted, match="max_num_gen_batches"):
-        run(make_train_cfg(tmp_path / "e", *common), tmp_path / "e")
+        run(make_train_cfg(tmp_path / "e", *common, "algorithm.dynamic_sampling.on_exhausted=error"), tmp_path / "e")
