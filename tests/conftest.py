@@ -29,3 +29,16 @@ for key, value in {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }.items():
     os.environ.setdefault(key, value)
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001 - pytest hook
+    """Tests marked ``gpu`` run only where CUDA is available (and are reported as skipped elsewhere)."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

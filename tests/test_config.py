@@ -81,7 +81,13 @@ def test_every_recipe_loads_validates_and_round_trips(name):
 def test_dapo_32b_has_the_verl_script_values():
     cfg = load_config(recipe="dapo-qwen2.5-32b", env={})
     d, r, a, t, res = cfg.data, cfg.rollout, cfg.algorithm, cfg.trainer, cfg.resources
-    assert cfg.model.path == "Qwen/Qwen2.5-32B" and cfg.model.dtype == "bfloat16"
+    assert cfg.model.path == "Qwen/Qwen2.5-32B" and cfg.model.dtype == "float32"  # fp32 master weights
+    assert (cfg.trainer.strategy, cfg.trainer.fsdp.param_dtype, cfg.trainer.fsdp.reduce_dtype) == (
+        "fsdp2",
+        "bfloat16",
+        "float32",
+    )
+    assert cfg.trainer.fsdp.cpu_offload and cfg.rollout.dtype == "bfloat16"  # offload=True in the script
     assert d.train_files == ["data/dapo-math-17k.parquet"] and d.val_files == ["data/aime-2024.parquet"]
     assert (d.train_batch_size, d.gen_batch_size, r.n, t.ppo_mini_batch_size) == (512, 1536, 16, 32)
     assert (d.max_prompt_length, d.max_response_length) == (2048, 20480)
@@ -334,6 +340,9 @@ RULES = [
     (["algorithm.loss_agg=mean"], r"algorithm.loss_agg \('mean'\) must be one of 'token-mean'"),
     (["trainer.total_steps=many"], r"trainer.total_steps \('many'\) must be a valid integer"),
     (["data=5"], r"data \(5\) must be a section"),
+    (["trainer.strategy=fsdp2"], r"trainer.strategy \('fsdp2'\) shards the model over trainer ranks.*executor=ray"),
+    (["trainer.strategy=zero3"], r"trainer.strategy \('zero3'\) must be one of 'ddp' or 'fsdp2'"),
+    (["trainer.fsdp.param_dtype=int8"], r"trainer.fsdp.param_dtype \('int8'\) must be one of"),
 ]
 
 
@@ -353,6 +362,7 @@ def test_the_rules_hold_where_they_should():
     tiny("algorithm.clip_high=0.2", "algorithm.clip_c=null")
     tiny("algorithm.loss_agg=seq-mean-token-sum-norm", "algorithm.norm_length=100")
     tiny("rollout.backend=vllm", "resources.n_gpus_per_node=1", "rollout.tensor_parallel_size=1")
+    tiny("trainer.strategy=fsdp2", "resources.executor=ray")
 
 
 def test_several_problems_are_reported_together():

@@ -129,6 +129,25 @@ class RolloutConfig(_Section):
         default=True, description="Sleep/wake vLLM (free its KV cache) around updates when colocated. verl: true."
     )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs in vLLM. verl DAPO: false.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="vLLM engine dtype (auto = the checkpoint's). The hf backend uses the policy's own dtype. "
+        "verl: bfloat16.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="vLLM context length; null -> data.max_prompt_length + max_new_tokens (the longest sequence).",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="vLLM prefix caching: the G samples of a prompt share its KV blocks. verl: true."
+    )
+    weight_sync_bucket_mb: int = Field(
+        default=512,
+        gt=0,
+        description="Weight sync to vLLM ships the state dict in buckets of at most this many MiB (bounds the "
+        "extra host/GPU memory of one sync).",
+    )
 
 
 class DynamicSamplingConfig(_Section):
@@ -202,6 +221,27 @@ class AlgorithmConfig(_Section):
     )
 
 
+class FsdpConfig(_Section):
+    """FSDP2 (`torch.distributed.fsdp.fully_shard`) settings of the trainer ranks (trainer.strategy=fsdp2)."""
+
+    param_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16",
+        description="Compute/all-gather dtype of the sharded parameters (the fp32 master copy stays sharded). "
+        "verl: bfloat16.",
+    )
+    reduce_dtype: Literal["bfloat16", "float32"] = Field(
+        default="float32", description="Gradient reduce-scatter dtype. verl: float32."
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="Keep sharded parameters, gradients and optimizer state in host memory (slower; fits bigger "
+        "models). verl: param_offload / optimizer_offload.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True, description="Free gathered parameters after forward (ZeRO-3); false = ZeRO-2 (more memory)."
+    )
+
+
 class TrainerConfig(_Section):
     total_steps: int = Field(
         default=320, gt=0, description="Rollout (optimizer-facing) steps. Paper: ~5k gradient steps = ~320."
@@ -233,6 +273,12 @@ class TrainerConfig(_Section):
     )
     output_dir: str = Field(default="outputs", description="Root of run outputs: <output_dir>/<run_name>/.")
     device: str = Field(default="auto", description='Torch device: "auto" (cuda if present), "cpu", "cuda".')
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        default="ddp",
+        description="Data parallelism of the trainer ranks: ddp (full replicas, gradients all-reduced) or fsdp2 "
+        "(fully_shard per decoder layer: parameters, gradients and optimizer state sharded). verl: fsdp.",
+    )
+    fsdp: FsdpConfig = Field(default_factory=FsdpConfig, description="FSDP2 settings (trainer.strategy=fsdp2).")
 
 
 class TrackingConfig(_Section):
@@ -474,6 +520,11 @@ def _engine_problems(cfg: DapoConfig) -> list[str]:
         out.append(
             f"rollout.tensor_parallel_size ({cfg.rollout.tensor_parallel_size}) must be <= the GPUs available "
             f"({res.nnodes} x {res.n_gpus_per_node}): lower it or add GPUs"
+        )
+    if cfg.trainer.strategy == "fsdp2" and res.executor != "ray":
+        out.append(
+            "trainer.strategy ('fsdp2') shards the model over trainer ranks, which run on Ray: set "
+            "resources.executor=ray (one rank per GPU: resources.trainer_world_size), or use trainer.strategy=ddp"
         )
     if not all(0 <= beta < 1 for beta in cfg.trainer.betas):
         out.append(f"trainer.betas ({list(cfg.trainer.betas)}) must each be in [0, 1): use [0.9, 0.999]")
