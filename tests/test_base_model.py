@@ -163,6 +163,41 @@ def test_time_budget_stops_early_and_still_evaluates(small_run) -> None:
     assert "heldout/acc/mean_at_1" in result.final_metrics and result.output_dir is None
 
 
+def test_target_accuracy_stops_at_the_first_check_that_reaches_it(small_run, monkeypatch) -> None:
+    import dapo_core.engines.sft as sft
+
+    cfg, _, _ = small_run
+    seen: list[tuple[int, int]] = []  # (probe size, call number)
+    answers = iter([0.05, 0.2, 0.5, 0.9])
+
+    def fake_greedy(model, tokenizer, problems, **kw):
+        seen.append((len(problems), len(seen)))
+        return next(answers)
+
+    monkeypatch.setattr(sft, "greedy_accuracy", fake_greedy)
+    logged: list[tuple[int, dict]] = []
+    ws = small_ws(target_greedy_acc=0.4, check_every=2, check_from=4, probe_size=5, heldout_size=2, heldout_k=1)
+    result = run_warm_start(cfg, ws, on_metrics=lambda s, m: logged.append((s, m)))
+    # checks at steps 4, 6, 8: 0.05, 0.2, 0.5 >= 0.4 stops at 8 (the real greedy check of held-out is patched too)
+    assert result.steps == 8 and result.stopped_by == "target"
+    assert [s for s, m in logged[:-1] if "sft/probe_greedy_acc" in m] == [4, 6, 8]  # then the final metrics
+    assert [n for n, _ in seen[:3]] == [5, 5, 5]
+    assert result.final_metrics["sft/probe_greedy_acc"] == 0.5 and result.final_metrics["sft/steps"] == 8
+    assert 8 in [s for s, m in result.history if "sft/loss" in m]  # the window before the stop is logged
+
+
+def test_probe_set_is_disjoint_from_heldout_and_never_trained_on(monkeypatch) -> None:
+    held = heldout_problems(40, seed=3, max_ops=1)
+    probe = heldout_problems(40, seed=3, max_ops=1, exclude=[p.question for p in held], stream="probe")
+    assert len(probe) == 40 and not {p.question for p in probe} & {p.question for p in held}
+    assert [p.question for p in probe] != [p.question for p in held[:40]]
+
+
+def test_target_setting_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"target_greedy_acc \(1.5\) must be in \(0, 1\]"):
+        WarmStartConfig(target_greedy_acc=1.5)
+
+
 # ------------------------------------------------------------------------------------------------ flow
 @pytest.fixture(scope="module")
 def prefect_harness():

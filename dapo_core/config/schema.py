@@ -330,6 +330,16 @@ class BaseModelStageConfig(_Section):
     micro_batch_size: int = Field(default=64, gt=0, description="Problems per forward/backward micro-batch.")
     min_ops: int = Field(default=1, ge=1, description="Fewest operations of the SFT problems.")
     max_ops: int = Field(default=4, ge=1, description="Most operations of the SFT problems.")
+    target_greedy_acc: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Stop once greedy accuracy on a probe set (disjoint from the held-out problems) reaches this; "
+        "null = always run `steps`. Deterministic: the check happens at fixed steps.",
+    )
+    check_every: int = Field(default=100, gt=0, description="Steps between target checks (target_greedy_acc).")
+    check_from: int = Field(default=0, ge=0, description="First step at which the target is checked.")
+    probe_size: int = Field(default=200, gt=0, description="Problems of the probe set used by the target check.")
     heldout_size: int = Field(default=200, ge=0, description="Held-out problems for the stage's own accuracy check.")
     heldout_k: int = Field(default=8, gt=0, description="Samples per held-out problem (k >= 8: k=4 is noisy).")
     log_every: int = Field(default=10, gt=0, description="Log SFT metrics every k steps.")

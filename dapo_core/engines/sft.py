@@ -74,6 +74,10 @@ class WarmStartConfig:
     micro_batch_size: int = 64
     min_ops: int = 1
     max_ops: int = 4
+    target_greedy_acc: float | None = None
+    check_every: int = 100
+    check_from: int = 0
+    probe_size: int = 200
     heldout_size: int = 200
     heldout_k: int = 8
     max_new_tokens: int = 64
@@ -89,6 +93,13 @@ class WarmStartConfig:
             (self.heldout_size >= 0, f"heldout_size ({self.heldout_size}) must be >= 0 (0 skips evaluation)"),
             (self.heldout_k >= 1, f"heldout_k ({self.heldout_k}) must be >= 1; use >= 8 (k=4 is noisy, notes)"),
             (self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1 steps"),
+            (
+                self.target_greedy_acc is None or 0 < self.target_greedy_acc <= 1,
+                f"target_greedy_acc ({self.target_greedy_acc}) must be in (0, 1], or null to always run `steps`",
+            ),
+            (self.check_every >= 1, f"check_every ({self.check_every}) must be >= 1 steps"),
+            (self.check_from >= 0, f"check_from ({self.check_from}) must be >= 0"),
+            (self.probe_size >= 1, f"probe_size ({self.probe_size}) must be >= 1 problems"),
             (self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0"),
             (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]"),
             (
@@ -121,7 +132,7 @@ class WarmStartResult:
 
     steps: int
     wall_s: float
-    stopped_by: str  # "steps" | "time_budget"
+    stopped_by: str  # "steps" | "target" | "time_budget"
     final_metrics: dict[str, float]
     history: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     output_dir: Path | None = None
@@ -152,13 +163,20 @@ def _stream(seed: int, tag: str, min_ops: int, max_ops: int) -> Iterator[Synthet
 
 
 def heldout_problems(
-    n: int, *, seed: int, exclude: Collection[str] = (), min_ops: int = 1, max_ops: int = 4
+    n: int,
+    *,
+    seed: int,
+    exclude: Collection[str] = (),
+    min_ops: int = 1,
+    max_ops: int = 4,
+    stream: str = "heldout",
 ) -> list[SyntheticProblem]:
-    """``n`` distinct problems from the held-out stream of ``seed``, none of them in ``exclude``."""
+    """``n`` distinct problems from the ``stream`` ("heldout", or "probe" for the target check) of ``seed``,
+    none of them in ``exclude``."""
     banned = {normalize_question(q) for q in exclude}
     out: list[SyntheticProblem] = []
     seen: set[str] = set()
-    for p in _stream(seed, "heldout", min_ops, max_ops):
+    for p in _stream(seed, stream, min_ops, max_ops):
         if len(out) >= n:
             break
         if p.question in banned or p.question in seen:
@@ -217,6 +235,28 @@ def build_base_model(cfg: DapoConfig, *, seed: int) -> tuple[PreTrainedModel, Pr
 
 
 # ---------------------------------------------------------------------------------------------------- eval
+def greedy_accuracy(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[SyntheticProblem],
+    *,
+    max_new_tokens: int = 64,
+    micro_batch_size: int = 256,
+    backend: HFRolloutBackend | None = None,
+) -> float:
+    """Share of ``problems`` whose greedy (temperature 0) response ``math_dapo`` scores correct."""
+    if not problems:
+        return 0.0
+    backend = backend or HFRolloutBackend(model, tokenizer, micro_batch_size=micro_batch_size)
+    was_training = model.training
+    model.eval()
+    prompts = [prompt_ids(tokenizer, p.question) for p in problems]
+    greedy = backend.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=0))
+    scored = score_batch("math_dapo", [g.text for g in greedy], [str(p.answer) for p in problems]).results
+    model.train(was_training)
+    return sum(bool(r["acc"]) for r in scored) / len(problems)
+
+
 def evaluate_heldout(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -238,8 +278,7 @@ def evaluate_heldout(
     backend = HFRolloutBackend(model, tokenizer, micro_batch_size=micro_batch_size)
     prompts = [prompt_ids(tokenizer, p.question) for p in problems]
     truths = [str(p.answer) for p in problems]
-    greedy = backend.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=seed))
-    greedy_acc = [bool(r["acc"]) for r in score_batch("math_dapo", [g.text for g in greedy], truths).results]
+    greedy_acc = greedy_accuracy(model, tokenizer, problems, max_new_tokens=max_new_tokens, backend=backend)
     sampled = backend.generate(
         prompts, SamplingConfig(n=k, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed)
     )  # results[i * k + j]: sample j of problem i
@@ -248,7 +287,7 @@ def evaluate_heldout(
     lengths = torch.tensor([s.response_length for s in sampled], dtype=torch.float32)  # (B*k,)
     truncated = torch.tensor([s.truncated for s in sampled], dtype=torch.float32)  # (B*k,)
     return {
-        "heldout/acc/greedy": sum(greedy_acc) / len(greedy_acc),
+        "heldout/acc/greedy": greedy_acc,
         f"heldout/acc/mean_at_{k}": float(acc.mean()),
         f"heldout/acc/pass_at_{k}": float((acc.sum(dim=1) > 0).float().mean()),
         "heldout/response_length/mean": float(lengths.mean()),
@@ -263,8 +302,11 @@ def _sft_loop(
     batches: Iterator[list[SyntheticProblem]],
     ws: WarmStartConfig,
     on_metrics: MetricsCallback | None,
+    probe: Callable[[], float] | None = None,
 ) -> tuple[int, str, list[tuple[int, dict[str, float]]]]:
-    """SFT steps until ``ws.steps`` (or the time budget); returns (steps done, stop reason, logged history)."""
+    """SFT steps until ``ws.steps``, the probe target or the time budget; returns (steps done, stop reason,
+    logged history). ``probe()`` is the greedy accuracy on the probe set, called every ``ws.check_every`` steps
+    from ``ws.check_from`` when ``ws.target_greedy_acc`` is set."""
     start = time.perf_counter()
     pad_id = int(tokenizer.pad_token_id)
     history: list[tuple[int, dict[str, float]]] = []
@@ -281,7 +323,8 @@ def _sft_loop(
         window.append(m)
         now = time.perf_counter()
         out_of_time = ws.time_budget_s is not None and now - start >= ws.time_budget_s and step < ws.steps
-        if step % ws.log_every == 0 or step == ws.steps or out_of_time:
+        checking = probe is not None and step >= ws.check_from and step % ws.check_every == 0
+        if step % ws.log_every == 0 or step == ws.steps or out_of_time or checking:
             metrics = {
                 f"sft/{k}": sum(r[k] for r in window) / len(window) for k in ("loss", "token_acc", "grad_norm", "lr")
             }
@@ -294,6 +337,15 @@ def _sft_loop(
             window, window_start = [], now
         if step >= ws.steps:
             break
+        if checking and probe is not None and ws.target_greedy_acc is not None:
+            acc = probe()
+            history.append((step, {"sft/probe_greedy_acc": acc}))
+            if on_metrics is not None:
+                on_metrics(step, {"sft/probe_greedy_acc": acc})
+            logger.info("sft step %d: probe greedy accuracy %.3f (target %.3f)", step, acc, ws.target_greedy_acc)
+            if acc >= ws.target_greedy_acc:
+                stopped_by = "target"
+                break
         if out_of_time:
             stopped_by = "time_budget"
             logger.warning(
@@ -323,6 +375,12 @@ def run_warm_start(
     model.to(resolve_device(cfg.trainer.device))  # type: ignore[arg-type]
     heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
     banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
+    probe_set: list[SyntheticProblem] = []
+    if ws.target_greedy_acc is not None:  # its own stream: the reported held-out accuracy stays unbiased
+        probe_set = heldout_problems(
+            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+        )
+        banned |= {p.question for p in probe_set}
     optim = OptimConfig(
         lr=ws.lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=ws.warmup_steps,
         scheduler="cosine", total_steps=ws.steps, min_lr_ratio=ws.min_lr_ratio,
@@ -330,11 +388,15 @@ def run_warm_start(
     trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
     batches = sft_batches(ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops)
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
-    steps, stopped_by, history = _sft_loop(trainer, tokenizer, batches, ws, on_metrics)
+
+    def probe() -> float:
+        return greedy_accuracy(model, tokenizer, probe_set, max_new_tokens=ws.max_new_tokens)
+
+    steps, stopped_by, history = _sft_loop(trainer, tokenizer, batches, ws, on_metrics, probe if probe_set else None)
     train_s = time.perf_counter() - start
 
     model.eval()
-    final = dict(history[-1][1])
+    final = {k: v for _, m in history for k, v in m.items()}  # the last value of each logged metric
     final.update(
         evaluate_heldout(
             model, tokenizer, heldout, k=ws.heldout_k, seed=derive_seed(ws.seed, "heldout_sampling"),
