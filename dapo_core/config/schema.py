@@ -317,7 +317,9 @@ class BaseModelStageConfig(_Section):
     """The warm start of the tiny CPU model (the `base_model` stage): SFT on the synthetic task's worked solutions,
     the stand-in for a pretrained base model. Real recipes skip this stage and name an HF model in model.path."""
 
-    steps: int = Field(default=1000, gt=0, description="SFT optimizer steps (the budget that makes it deterministic).")
+    steps: int = Field(
+        default=1000, gt=0, description="SFT optimizer steps: the cap, and the length of the cosine schedule."
+    )
     time_budget_s: float | None = Field(
         default=None, description="Stop earlier after this many seconds (null = off; breaks determinism)."
     )
