@@ -31,7 +31,7 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001 - pytest hook
+def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run only where CUDA is available (and are reported as skipped elsewhere)."""
     import pytest
     import torch

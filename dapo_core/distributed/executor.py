@@ -137,15 +137,23 @@ class RayExecutor(Executor):
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
         return self._groups()[2].score(completions, ground_truths)
 
+    def _free_rollout_memory(self) -> None:
+        """Training phase next: colocated rollout engines release their GPU memory (vLLM sleep; no-op for hf)."""
+        if self.cfg.rollout.free_cache_engine and self.cfg.resources.placement == "colocate":
+            self._groups()[1].sleep()
+
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        self._free_rollout_memory()
         return self._groups()[0].compute_log_probs(batch, with_entropy=with_entropy)
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
         if batch.advantages is None or batch.old_log_probs is None:
             raise ValueError("update() needs batch.advantages and batch.old_log_probs (compute them first)")
+        self._free_rollout_memory()
         return self._groups()[0].update(batch)
 
     def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
+        self._free_rollout_memory()
         return self._groups()[0].sft_step(batch)
 
     def sync_weights(self) -> int:
@@ -165,13 +173,13 @@ class RayExecutor(Executor):
     def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
         """Every rank loads weights + optimizer state; the rollout workers then get the loaded weights."""
         trainers, rollout, _ = self._groups()
-        meta: dict[str, Any] = trainers.call_all("load_checkpoint", _abs(path))[0]
+        meta: dict[str, Any] = trainers.load_checkpoint(_abs(path))
         self._version = int(meta.get("weight_version", self._version))
         rollout.update_weights(trainers.state_ref(), self._version)
         return meta
 
     def export_model(self, path: str | Path) -> Path:
-        return Path(self._groups()[0].call_rank0("export_model", _abs(path)))
+        return Path(self._groups()[0].export_model(_abs(path)))
 
     # ------------------------------------------------------------------ introspection and teardown
     def placement_report(self) -> dict[str, list[str]]:

@@ -1,5 +1,8 @@
 """Rollout workers: data-parallel generation over Ray actors, each owning a rollout backend and a model copy.
 
+A worker builds its backend with ``RolloutBackend.from_config``: an ``hf`` worker loads an HF model copy for it;
+a ``vllm`` worker loads none (the engine reads ``model_path`` itself, on the worker's GPUs).
+
 A prompt batch is cut into contiguous shards (``split_evenly``); worker k generates its shard with
 ``prompt_index_offset`` = the shard's start, so every sample is seeded by its global (seed, prompt, sample)
 position and the gathered results equal one in-process ``generate`` call (the ``LocalExecutor``'s).
@@ -44,21 +47,22 @@ class RolloutWorker:
 
     def __init__(self, cfg: DapoConfig, model_path: str, threads: int) -> None:
         torch.set_num_threads(max(1, threads))
-        device = resolve_device(cfg.trainer.device)
-        model = load_model(
-            model_path,
-            dtype=cfg.model.dtype,
-            revision=cfg.model.revision,
-            trust_remote_code=cfg.model.trust_remote_code,
-            device=device,
-        )
+        backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
+        model = None
+        if backend_cls.shares_policy_model:  # hf generates with a module; vllm loads the checkpoint itself
+            model = load_model(
+                model_path,
+                dtype=cfg.model.dtype,
+                revision=cfg.model.revision,
+                trust_remote_code=cfg.model.trust_remote_code,
+                device=resolve_device(cfg.trainer.device),
+            )
         tokenizer = load_tokenizer(
             cfg.model.tokenizer_path or model_path,
             revision=cfg.model.revision,
             trust_remote_code=cfg.model.trust_remote_code,
         )
-        backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
-        self.backend = backend_cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
+        self.backend = backend_cls.from_config(cfg, model=model, tokenizer=tokenizer, model_path=model_path)
         self._exit_on_generate = False
 
     def node_info(self) -> dict[str, Any]:
@@ -78,11 +82,15 @@ class RolloutWorker:
                 f"this worker holds weight version {self.backend.weight_version}, the step expects "
                 f"{expected_version}: the controller re-syncs the weights and retries"
             )
-        return self.backend.generate(prompts, sampling, prompt_index_offset=offset)  # type: ignore[call-arg]
+        return self.backend.generate(prompts, sampling, prompt_index_offset=offset)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         self.backend.update_weights(state_dict, version)
         return self.backend.weight_version
+
+    def sleep(self) -> None:
+        """Release the engine's accelerator memory until the next generate (vLLM sleep mode; no-op for hf)."""
+        self.backend.sleep()
 
     def exit_on_next_generate(self) -> None:
         """Fault injection for tests and drills: the next ``generate`` call kills this process."""
@@ -181,6 +189,16 @@ class RolloutGroup:
 
             held.append(self._gather(k, ref, again))
         return held
+
+    def sleep(self) -> None:
+        """Put every worker's engine to sleep (colocated training phase); a dead worker restarts awake, harmlessly."""
+        calls = [a.handle.sleep.remote() for a in self.actors]
+        for actor, ref in zip(self.actors, calls, strict=True):
+            try:
+                ray.get(ref, timeout=self.start_timeout_s)
+            except (RayActorError, GetTimeoutError) as exc:
+                # memory only: the next generate's gather re-syncs and retries a dead worker
+                logger.warning("%s did not go to sleep: %s", actor.label, exc)
 
     def versions(self) -> list[int]:
         return ray.get([a.handle.weight_version.remote() for a in self.actors])

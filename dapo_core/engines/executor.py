@@ -148,12 +148,15 @@ def policy_trainer_from(cfg: DapoConfig, model: Any, device: torch.device) -> Po
         micro_batch_size=cfg.trainer.micro_batch_size,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         device=device,
+        fsdp_defer_grad_sync=cfg.trainer.fsdp.defer_grad_sync,
     )
 
 
 class LocalExecutor(Executor):
-    """Everything in this process. Rollout and training share one model object (a hybrid engine, as verl's
-    colocated mode), so ``sync_weights`` only bumps the version: no copy is needed."""
+    """Everything in this process. With the ``hf`` backend rollout and training share one model object (a hybrid
+    engine, as verl's colocated mode), so ``sync_weights`` only bumps the version. A backend that owns its engine
+    (``vllm``, ``shares_policy_model`` False) gets the trainer's weights pushed by every ``sync_weights``, and, with
+    ``rollout.free_cache_engine``, is put to sleep before each training phase so the trainer has the GPU memory."""
 
     def __init__(self, cfg: DapoConfig, *, model_path: str | None = None) -> None:
         self.cfg = cfg
@@ -165,8 +168,12 @@ class LocalExecutor(Executor):
         )
         self.trainer = policy_trainer_from(cfg, self.model, self.device)
         backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
-        # every backend takes (model, tokenizer, *, micro_batch_size); the ABC itself declares no constructor
-        self.rollout = backend_cls(self.model, self._tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
+        self.rollout = backend_cls.from_config(
+            cfg,
+            model=self.model if backend_cls.shares_policy_model else None,  # vllm loads its own copy of `path`
+            tokenizer=self._tokenizer,
+            model_path=path,
+        )
         self.loss_cfg = loss_config_from(cfg)
         self._version = 0
 
@@ -184,10 +191,17 @@ class LocalExecutor(Executor):
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
         return score_batch(self.cfg.algorithm.reward_fn, completions, ground_truths)
 
+    def _free_rollout_memory(self) -> None:
+        """Training phase next: release the rollout engine's memory (vLLM sleep; no-op for hf)."""
+        if self.cfg.rollout.free_cache_engine:
+            self.rollout.sleep()
+
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        self._free_rollout_memory()
         return self.trainer.compute_log_probs(batch, with_entropy=with_entropy)
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
+        self._free_rollout_memory()
         return self.trainer.update(
             batch,
             self.loss_cfg,
@@ -196,12 +210,22 @@ class LocalExecutor(Executor):
         )
 
     def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
+        self._free_rollout_memory()
         return self.trainer.sft_step(batch)
 
+    def _sync_rollout(self, version: int) -> None:
+        """Make the rollout hold the trainer's current weights as ``version``."""
+        if self.rollout.shares_policy_model:
+            # shared model object: the rollout already sees the weights; record the version it now holds
+            self.rollout.mark_in_sync(version)
+        else:
+            # the backend copies bucket by bucket, so no full host copy of the weights is made here
+            weights = {k: v.detach() for k, v in self.model.state_dict().items()}
+            self.rollout.update_weights(weights, version)
+
     def sync_weights(self) -> int:
-        # shared model object: the rollout already sees the new weights; record the version it now holds
+        self._sync_rollout(self._version + 1)
         self._version += 1
-        self.rollout.mark_in_sync(self._version)
         return self._version
 
     def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path:
@@ -219,11 +243,15 @@ class LocalExecutor(Executor):
         loaded: LoadedCheckpoint = load_checkpoint(path, model=self.model)
         self.trainer.load_state_dict(loaded.trainer_state)
         self._version = int(loaded.meta.get("weight_version", self._version))
-        self.rollout.mark_in_sync(self._version)
+        self._sync_rollout(self._version)
         return loaded.meta
 
     def export_model(self, path: str | Path) -> Path:
         return save_hf_dir(self.model, self._tokenizer, path)
+
+    def shutdown(self) -> None:
+        """Release the rollout engine (a vLLM engine's processes and GPU memory; no-op for hf)."""
+        self.rollout.shutdown()
 
 
 def policy_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:

@@ -1,7 +1,9 @@
-"""Rollout backends: ``hf`` (transformers, CPU default) and, lazily, ``vllm`` (GPU).
+"""Rollout backends: ``hf`` (transformers, CPU default) and, lazily, ``vllm`` (GPU; ``rollout/vllm.py``).
 
-backend_cls = get_rollout_backend_cls("hf")
-backend = backend_cls(model, tokenizer, micro_batch_size=64)
+backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
+backend = backend_cls.from_config(
+    cfg, model=model if backend_cls.shares_policy_model else None, tokenizer=tokenizer, model_path=path
+)
 results = backend.generate(prompt_ids, SamplingConfig(n=8, temperature=1.0, max_new_tokens=64, seed=step))
 """
 

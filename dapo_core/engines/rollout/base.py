@@ -16,9 +16,12 @@ import importlib.util
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from dapo_core.config import DapoConfig
 
 logger = logging.getLogger(__name__)
 
@@ -79,15 +82,37 @@ class RolloutResult:
 
 
 class RolloutBackend(abc.ABC):
-    """A generation engine that the trainer keeps in sync with the policy weights."""
+    """A generation engine that the trainer keeps in sync with the policy weights.
 
+    ``shares_policy_model``: True when the backend generates with an ``nn.Module`` handed to it (``hf``: the
+    trainer's own module in-process, so a sync is only ``mark_in_sync``); False when it owns its engine and its
+    own copy of the weights (``vllm``), so every sync must ship them through ``update_weights``.
+    """
+
+    shares_policy_model: ClassVar[bool] = True
     _weight_version: int = 0
 
+    @classmethod
+    def from_config(cls, cfg: DapoConfig, *, model: Any, tokenizer: Any, model_path: str) -> RolloutBackend:
+        """Build the backend the run config asks for.
+
+        ``model``: the policy module to generate with (None for backends with ``shares_policy_model`` False,
+        which load ``model_path`` themselves); ``tokenizer``: the run's tokenizer. The default suits backends
+        constructed as ``cls(model, tokenizer, *, micro_batch_size)``.
+        """
+        if model is None:
+            raise ValueError(f"rollout backend {cls.__name__} generates with the policy module: pass model= (got None)")
+        return cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
+
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingConfig, *, prompt_index_offset: int = 0
+    ) -> list[RolloutResult]:
         """Sample ``sampling.n`` responses for every prompt (token ids, unpadded).
 
         Results are ordered by prompt then sample: ``results[i * n + j]`` is sample ``j`` of prompt ``i``.
+        ``prompt_index_offset`` is the position of ``prompts[0]`` in a batch split across workers: seeds and
+        ``RolloutResult.prompt_index`` use the global position, so shards reproduce the unsplit call.
         """
 
     @abc.abstractmethod
@@ -117,6 +142,9 @@ class RolloutBackend(abc.ABC):
 
     def wake_up(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Re-acquire what ``sleep`` released; no-op by default."""
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Release the engine (processes, accelerator memory); the backend is unusable afterwards. No-op by default."""
 
 
 _BackendT = TypeVar("_BackendT", bound=type[RolloutBackend])

@@ -141,6 +141,8 @@ class HFRolloutBackend(RolloutBackend):
     where it is. ``eos_token_ids`` default to the model's generation-config EOS plus the tokenizer's EOS.
     """
 
+    shares_policy_model = True  # generates with the module it is given (in-process: the trainer's own)
+
     def __init__(
         self,
         model: PreTrainedModel,

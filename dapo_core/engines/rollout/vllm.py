@@ -1,0 +1,461 @@
+"""``vllm`` rollout backend: DAPO's sampling step on a vLLM engine (GPU), kept in sync with the trainer's weights.
+
+    backend = get_rollout_backend_cls("vllm").from_config(cfg, model=None, tokenizer=tok, model_path=path)
+    results = backend.generate(prompt_ids, SamplingConfig(n=16, temperature=1.0, max_new_tokens=20480, seed=s))
+    backend.sleep()                                  # colocated: free the KV cache (and weights) for training
+    backend.update_weights(trainer_state_dict, version=step)   # ships HF-named weights in buckets
+    results = backend.generate(...)                  # wakes the engine first
+
+The engine holds its own copy of the policy (``shares_policy_model = False``): unlike ``hf``, every sync ships the
+weights (step 6 of Algorithm 1). Results follow the ``hf`` backend's contract (ordering, EOS, truncation, log-probs).
+
+Facts about vLLM 0.32 this module relies on (docs.vllm.ai/en/v0.32.0: LLM class, SamplingParams, engine args,
+sleep mode; examples/rl):
+- ``LLM(**kwargs)`` forwards its keyword arguments to ``EngineArgs``; we set model, tokenizer, revision,
+  tokenizer_revision, trust_remote_code, dtype, tensor_parallel_size, gpu_memory_utilization,
+  enable_chunked_prefill, max_num_batched_tokens, max_model_len, enable_prefix_caching, enforce_eager,
+  enable_sleep_mode, seed, logprobs_mode and worker_extension_cls (``engine_kwargs_from``). The tokenizer is
+  initialised (no ``skip_tokenizer_init``): vLLM detokenises the responses.
+- ``logprobs_mode="raw_logprobs"`` (vLLM's default, set explicitly): returned log-probs are those of the raw model
+  output, before temperature, top-k/top-p and any logits processor -- the quantity the trainer recomputes as
+  ``old_log_probs`` and the ``hf`` backend reports.
+- ``SamplingParams(logprobs=0)`` returns, per generated token, a mapping token id -> ``Logprob`` holding just the
+  sampled token; ``logprobs=None`` returns none.
+- ``top_k=0`` disables top-k (-1 is accepted quietly; 0 is preferred); ``temperature=0`` is greedy decoding.
+- ``seed`` gives a request its own random stream; with ``n > 1`` vLLM seeds sample ``j`` with ``seed + j``. Prompt
+  seeds are hashed from (``sampling.seed``, global prompt index) into 62 bits (``prompt_seed``), so ``seed + j``
+  stays a positive int64 and two prompts never share a stream by being neighbours.
+- Prompts go in as token ids, ``{"prompt_token_ids": ids}`` (a ``TokensPrompt``). ``LLM.generate`` returns one
+  ``RequestOutput`` per prompt, in input order; ``.outputs`` holds ``n`` ``CompletionOutput``s with ``.index``,
+  ``.token_ids``, ``.text`` (special tokens skipped), ``.logprobs`` and ``.finish_reason`` ("stop" | "length" |
+  "abort"). ``token_ids`` include the token that stopped the request (EOS or one of ``stop_token_ids``).
+  ``RolloutResult.text`` is decoded from the ids with the run's tokenizer (``skip_special_tokens=True``, as ``hf``),
+  so both backends hand the reward the same text for the same ids, whichever tokenizer class vLLM resolves
+  (``AutoTokenizer`` would, e.g., swap the project's character tokenizer for Qwen2's); vLLM's ``.text`` is used
+  only when no tokenizer is given.
+- ``stop_token_ids``: we pass the EOS ids the ``hf`` backend stops on (tokenizer EOS + the checkpoint's
+  generation-config EOS), so stopping does not depend on how vLLM reads the generation config.
+- Sleep mode (``enable_sleep_mode=True``): ``sleep(level=1)`` offloads the weights to CPU memory and discards the
+  KV cache; ``wake_up(tags=["weights"])`` restores only the weights (load new ones without the KV cache's memory);
+  ``wake_up()`` restores what is still asleep; waking a tag that is awake is a no-op.
+- ``worker_extension_cls`` (dotted path) is mixed into every worker; ``collective_rpc(method, args=...)`` runs
+  that method on every tensor-parallel worker and returns their answers. The worker's
+  ``model_runner.model.load_weights(weights=[(hf_name, tensor), ...])`` maps HF names onto vLLM's fused
+  parameters, keeps each rank's shard, copies in place, and skips ``lm_head.*`` when embeddings are tied.
+  Arguments must be plain Python values (see ``vllm_worker``), so weights travel as raw bytes.
+- ``reset_prefix_cache()`` drops cached KV blocks (computed with the old weights) and returns a bool.
+- Batch invariance is off by default: seeds fix each sample's random stream, but logits can differ in the last bits
+  with batch composition, so a sharded call reproduces the unsplit one only up to near-ties (as ``hf`` in bf16).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from dapo_core.engines.rollout.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    RolloutBackend,
+    RolloutResult,
+    SamplingConfig,
+    register_rollout_backend,
+)
+from dapo_core.engines.rollout.vllm_worker import WORKER_EXTENSION_CLS, bucket_nbytes, encode_bucket, plan_buckets
+from dapo_core.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from dapo_core.config import DapoConfig
+
+logger = logging.getLogger(__name__)
+
+# rollout.dtype -> the dtype weights are cast to before shipping (halves a bf16 engine's sync from fp32 masters)
+ENGINE_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+MIB = 1 << 20
+LM_HEAD = "lm_head.weight"  # HF name of the output projection; vLLM ties it to embed_tokens when configured
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA GPU is usable here (one place, so tests can stand in for a GPU)."""
+    return torch.cuda.is_available()
+
+
+def prompt_seed(seed: int, prompt_index: int) -> int:
+    """vLLM request seed of prompt ``prompt_index`` (62 bits: vLLM seeds sample j with ``seed + j``)."""
+    return derive_seed(seed, "vllm-prompt", prompt_index) >> 1
+
+
+def engine_kwargs_from(cfg: DapoConfig, model_path: str) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for this run (rollout section + model identity + trainer seed)."""
+    from dapo_core.config.schema import resolved_max_new_tokens
+
+    r = cfg.rollout
+    # the longest sequence a rollout can produce: prompt cap + response cap
+    max_model_len = r.max_model_len or cfg.data.max_prompt_length + resolved_max_new_tokens(cfg)
+    return {
+        "model": model_path,
+        "tokenizer": cfg.model.tokenizer_path or model_path,
+        "revision": cfg.model.revision,
+        "tokenizer_revision": cfg.model.revision,  # as load_tokenizer: one revision for model and tokenizer
+        "trust_remote_code": cfg.model.trust_remote_code,
+        "dtype": r.dtype,
+        "tensor_parallel_size": r.tensor_parallel_size,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "enable_chunked_prefill": r.enable_chunked_prefill,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "max_model_len": max_model_len,
+        "enable_prefix_caching": r.enable_prefix_caching,
+        "enforce_eager": r.enforce_eager,
+        "enable_sleep_mode": r.free_cache_engine,
+        "seed": cfg.trainer.seed,
+        "logprobs_mode": "raw_logprobs",  # pre-temperature, pre-top-p: the trainer's old_log_probs
+        "worker_extension_cls": WORKER_EXTENSION_CLS,
+    }
+
+
+def eos_token_ids_for(tokenizer: Any, model_path: str, *, revision: str | None = None) -> list[int]:
+    """EOS ids the ``hf`` backend stops on: the checkpoint's generation-config EOS, then the tokenizer's."""
+    ids: list[int] = []
+    values: list[Any] = []
+    try:
+        from transformers import GenerationConfig
+
+        values.append(GenerationConfig.from_pretrained(model_path, revision=revision or "main").eos_token_id)
+    except (OSError, ValueError) as exc:  # no generation_config.json: the tokenizer's EOS alone
+        logger.debug("no generation config at %s (%s): EOS from the tokenizer only", model_path, exc)
+    values.append(getattr(tokenizer, "eos_token_id", None))
+    for value in values:
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def tied_embeddings(model_path: str, *, revision: str | None = None, trust_remote_code: bool = False) -> bool | None:
+    """The checkpoint's ``tie_word_embeddings`` (None when the config cannot be read)."""
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        logger.warning("could not read the model config at %s (%s): lm_head is shipped as given", model_path, exc)
+        return None
+    tied = getattr(config, "tie_word_embeddings", None)
+    return bool(tied) if tied is not None else None
+
+
+@register_rollout_backend("vllm")
+class VllmRollout(RolloutBackend):
+    """Rollouts on a ``vllm.LLM`` engine; see the module docstring for the vLLM facts it relies on.
+
+    ``engine_kwargs``: keyword arguments of ``vllm.LLM`` (``engine_kwargs_from``). ``tokenizer``: decodes the
+    responses' text (None: vLLM's own detokenisation). ``eos_token_ids``: passed as
+    ``stop_token_ids`` and used to recognise an EOS-terminated response. ``free_cache_engine``: ``sleep`` puts the
+    engine in level-1 sleep (needs ``enable_sleep_mode``). ``weight_sync_bucket_bytes``: most bytes per
+    ``collective_rpc`` of a weight sync. ``tie_word_embeddings``: the checkpoint's setting; True drops
+    ``lm_head.weight`` from syncs (vLLM ties it to the embeddings), False requires it, None ships what is given.
+    """
+
+    shares_policy_model = False  # owns an engine with its own copy of the weights
+
+    def __init__(
+        self,
+        engine_kwargs: Mapping[str, Any],
+        *,
+        tokenizer: Any = None,
+        eos_token_ids: Sequence[int] = (),
+        free_cache_engine: bool = True,
+        weight_sync_bucket_bytes: int = 512 * MIB,
+        tie_word_embeddings: bool | None = None,
+    ) -> None:
+        if not cuda_available():
+            raise RuntimeError(
+                "rollout.backend=vllm needs a CUDA GPU, but torch.cuda.is_available() is False here. Run on a "
+                "machine with an NVIDIA GPU (with the GPU extra: `pip install .[gpu]`), or set rollout.backend=hf "
+                "to generate with transformers on CPU."
+            )
+        if free_cache_engine and not engine_kwargs.get("enable_sleep_mode", False):
+            raise ValueError(
+                "free_cache_engine=True puts the engine to sleep, which needs engine_kwargs['enable_sleep_mode'] "
+                "= True: build the kwargs with engine_kwargs_from(cfg, path)"
+            )
+        if weight_sync_bucket_bytes < 1:
+            raise ValueError(f"weight_sync_bucket_bytes ({weight_sync_bucket_bytes}) must be >= 1")
+        try:
+            self._vllm = importlib.import_module("vllm")
+        except ImportError as exc:
+            raise ImportError(
+                "rollout.backend=vllm needs the 'vllm' package: install the GPU extra with `pip install .[gpu]` "
+                "on a machine with an NVIDIA GPU, or use rollout.backend=hf on CPU"
+            ) from exc
+        self.engine_kwargs = dict(engine_kwargs)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        self.free_cache_engine = free_cache_engine
+        self.weight_sync_bucket_bytes = int(weight_sync_bucket_bytes)
+        self.tie_word_embeddings = tie_word_embeddings
+        self._sync_dtype = ENGINE_DTYPES.get(str(self.engine_kwargs.get("dtype")))  # None for "auto"
+        self._weight_version = 0
+        self._asleep = False
+        self._weights_awake = True  # meaningful while asleep: woken for a weight load, KV cache still asleep
+        self._param_names: set[str] | None = None
+        t0 = time.perf_counter()
+        self.llm: Any = self._vllm.LLM(**self.engine_kwargs)
+        logger.info("vLLM engine for %s up in %.1fs", self.engine_kwargs.get("model"), time.perf_counter() - t0)
+
+    @classmethod
+    def from_config(cls, cfg: DapoConfig, *, model: Any, tokenizer: Any, model_path: str) -> VllmRollout:
+        """The engine for ``model_path`` with the run's rollout settings (``model`` is not used: vLLM loads its own)."""
+        revision = cfg.model.revision
+        return cls(
+            engine_kwargs_from(cfg, model_path),
+            tokenizer=tokenizer,
+            eos_token_ids=eos_token_ids_for(tokenizer, model_path, revision=revision),
+            free_cache_engine=cfg.rollout.free_cache_engine,
+            weight_sync_bucket_bytes=cfg.rollout.weight_sync_bucket_mb * MIB,
+            tie_word_embeddings=tied_embeddings(
+                model_path, revision=revision, trust_remote_code=cfg.model.trust_remote_code
+            ),
+        )
+
+    # ------------------------------------------------------------------ generation
+    def sampling_params(self, sampling: SamplingConfig, prompt_index: int) -> Any:
+        """The ``vllm.SamplingParams`` of global prompt ``prompt_index`` (one per prompt: its own seed)."""
+        kwargs: dict[str, Any] = {
+            "n": sampling.n,
+            "temperature": sampling.temperature,  # 0 -> greedy
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else 0,  # 0 = off in vLLM (our -1 / 0)
+            "max_tokens": sampling.max_new_tokens,
+            "seed": prompt_seed(sampling.seed, prompt_index),
+            "logprobs": 0 if sampling.return_log_probs else None,  # 0: the sampled token's log-prob only
+            "skip_special_tokens": True,
+        }
+        if self.eos_token_ids:
+            kwargs["stop_token_ids"] = list(self.eos_token_ids)
+        return self._vllm.SamplingParams(**kwargs)
+
+    def generate(
+        self, prompts: Sequence[list[int]], sampling: SamplingConfig, *, prompt_index_offset: int = 0
+    ) -> list[RolloutResult]:
+        """Sample ``sampling.n`` responses per prompt; ``results[i * n + j]`` is sample ``j`` of prompt ``i``.
+
+        ``prompt_index_offset``: position of ``prompts[0]`` in the whole batch (seeds and ``prompt_index`` use it).
+        Wakes the engine first when it sleeps.
+        """
+        if prompt_index_offset < 0:
+            raise ValueError(f"prompt_index_offset ({prompt_index_offset}) must be >= 0: pass the shard's start")
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a chat template)")
+        if not prompts:
+            return []
+        self.wake_up()
+        params = [self.sampling_params(sampling, prompt_index_offset + i) for i in range(len(prompts))]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self._live().generate(requests, sampling_params=params, use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        results: list[RolloutResult] = []
+        for i, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            echoed = getattr(output, "prompt_token_ids", None)
+            if echoed is not None and list(echoed) != list(prompt):
+                raise RuntimeError(f"vLLM output {i} belongs to another prompt: outputs must follow input order")
+            results.extend(self._to_results(prompt_index_offset + i, prompt, output, sampling))
+        return results
+
+    def _to_results(
+        self, prompt_index: int, prompt: list[int], output: Any, sampling: SamplingConfig
+    ) -> list[RolloutResult]:
+        completions = sorted(output.outputs, key=lambda c: int(c.index))
+        if [int(c.index) for c in completions] != list(range(sampling.n)):
+            raise RuntimeError(
+                f"vLLM returned samples {[c.index for c in completions]} for prompt {prompt_index}, "
+                f"expected 0..{sampling.n - 1}"
+            )
+        eos = set(self.eos_token_ids)
+        results = []
+        for j, completion in enumerate(completions):
+            ids = [int(t) for t in completion.token_ids]
+            reason = completion.finish_reason
+            if reason not in ("stop", "length"):
+                raise RuntimeError(
+                    f"vLLM finished sample {j} of prompt {prompt_index} with finish_reason {reason!r} (aborted?); "
+                    "only 'stop' and 'length' are complete responses"
+                )
+            # EOS-terminated = not truncated, also when the EOS was the last allowed token (as the hf backend)
+            stopped = reason == "stop" or (bool(ids) and ids[-1] in eos)
+            results.append(
+                RolloutResult(
+                    prompt_index=prompt_index,
+                    sample_index=j,
+                    prompt_ids=list(prompt),
+                    response_ids=ids,
+                    response_length=len(ids),
+                    truncated=not stopped,
+                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
+                    log_probs=_sampled_log_probs(completion, ids, prompt_index, j)
+                    if sampling.return_log_probs
+                    else None,
+                    text=self._decode(ids) if self.tokenizer is not None else str(completion.text),
+                )
+            )
+        return results
+
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
+        """Ship ``state_dict`` (HF names, any device) into the engine in buckets; record ``version``.
+
+        Floating tensors are cast to the engine dtype first (fp32 masters -> bf16: half the bytes). While asleep
+        only the weights are woken; the KV cache stays released until the next ``generate``. The prefix cache is
+        reset afterwards: its blocks hold keys/values of the old weights.
+        """
+        self._check_weight_version(version)
+        names = self._names_to_ship(state_dict)
+        # sizes as shipped (after the cast); tensors are cast bucket by bucket, bounding the extra memory
+        sizes = [(n, state_dict[n].numel() * self._shipped_itemsize(state_dict[n])) for n in names]
+        buckets = plan_buckets(sizes, self.weight_sync_bucket_bytes)
+        llm = self._live()
+        if self._asleep and not self._weights_awake:
+            llm.wake_up(tags=["weights"])
+            self._weights_awake = True
+        t0 = time.perf_counter()
+        loaded: set[str] = set()
+        reported = True
+        shipped = 0
+        for bucket_names in buckets:
+            bucket = encode_bucket((n, self._cast(state_dict[n])) for n in bucket_names)
+            shipped += bucket_nbytes(bucket)
+            for answer in llm.collective_rpc("dapo_load_weights", args=(bucket,)):
+                if answer is None:
+                    reported = False
+                else:
+                    loaded.update(answer)
+        if reported:
+            self._check_all_loaded(loaded)
+        if llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?)")
+        self._weight_version = version
+        logger.info(
+            "vLLM weights -> version %d: %d tensors, %.1f MiB in %d bucket(s), %.2fs",
+            version, len(names), shipped / MIB, len(buckets), time.perf_counter() - t0,
+        )  # fmt: skip
+
+    def mark_in_sync(self, version: int) -> None:
+        """Not applicable: the engine holds its own weights, which only ``update_weights`` changes."""
+        raise RuntimeError(
+            "VllmRollout holds its own copy of the weights: push them with update_weights(state_dict, version) "
+            "(shares_policy_model is False)"
+        )
+
+    def _names_to_ship(self, state_dict: Mapping[str, Tensor]) -> list[str]:
+        names = list(state_dict)
+        if self.tie_word_embeddings is True and LM_HEAD in state_dict:
+            names.remove(LM_HEAD)  # tied: vLLM's lm_head is embed_tokens, and its loader skips lm_head.*
+        if self.tie_word_embeddings is False and LM_HEAD not in state_dict:
+            raise ValueError(
+                f"state_dict has no {LM_HEAD!r} but the model's embeddings are not tied (tie_word_embeddings "
+                "false): pass the trainer's full model.state_dict()"
+            )
+        if not names:
+            raise ValueError("state_dict is empty: pass the trainer's model.state_dict()")
+        return names
+
+    def _shipped_itemsize(self, tensor: Tensor) -> int:
+        if self._sync_dtype is not None and tensor.is_floating_point():
+            return self._sync_dtype.itemsize
+        return tensor.element_size()
+
+    def _cast(self, tensor: Tensor) -> Tensor:
+        t = tensor.detach()
+        if self._sync_dtype is not None and t.is_floating_point() and t.dtype != self._sync_dtype:
+            t = t.to(self._sync_dtype)
+        return t
+
+    def _check_all_loaded(self, loaded: set[str]) -> None:
+        """Every engine parameter must have been written: a partial sync would mix two policies silently."""
+        if self._param_names is None:
+            self._param_names = {n for names in self._live().collective_rpc("dapo_param_names") for n in names}
+        missing = sorted(self._param_names - loaded)
+        if missing:
+            raise ValueError(
+                f"the weight sync left {len(missing)} vLLM parameter(s) unwritten, e.g. {missing[:5]}: pass the "
+                "trainer's full model.state_dict() (HF names) of the same architecture"
+            )
+
+    # ------------------------------------------------------------------ memory
+    def _live(self) -> Any:
+        if self.llm is None:
+            raise RuntimeError("this VllmRollout was shut down: create a new backend")
+        return self.llm
+
+    @property
+    def is_asleep(self) -> bool:
+        """True between ``sleep`` and the next ``wake_up`` / ``generate``."""
+        return self._asleep
+
+    def sleep(self) -> None:
+        """Level-1 sleep (weights to CPU memory, KV cache discarded) when ``free_cache_engine``; idempotent."""
+        if not self.free_cache_engine or self._asleep:
+            return
+        self._live().sleep(level=1)
+        self._asleep = True
+        self._weights_awake = False
+
+    def wake_up(self) -> None:
+        """Restore what ``sleep`` released (only the KV cache if a weight sync already woke the weights)."""
+        if not self._asleep:
+            return
+        if self._weights_awake:
+            self._live().wake_up(tags=["kv_cache"])
+        else:
+            self._live().wake_up()
+        self._asleep = False
+        self._weights_awake = True
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes and release its GPU memory (best effort; the backend is unusable after)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        stop = getattr(core, "shutdown", None)
+        if callable(stop):
+            stop()
+        del llm
+        if cuda_available():
+            torch.cuda.empty_cache()
+
+
+def _sampled_log_probs(completion: Any, ids: list[int], prompt_index: int, sample_index: int) -> list[float]:
+    """The raw log-prob of each sampled token, aligned with ``ids`` (from ``SamplingParams(logprobs=0)``)."""
+    entries = completion.logprobs
+    if entries is None or len(entries) != len(ids):
+        got = "none" if entries is None else str(len(entries))
+        raise RuntimeError(
+            f"vLLM returned {got} log-prob entries for the {len(ids)} tokens of sample {sample_index} of prompt "
+            f"{prompt_index}; SamplingParams(logprobs=0) must give one per token"
+        )
+    out = []
+    for k, token in enumerate(ids):
+        entry = entries[k].get(token)
+        if entry is None:
+            raise RuntimeError(
+                f"vLLM log-probs of prompt {prompt_index} sample {sample_index} lack the sampled token {token} at "
+                f"position {k}"
+            )
+        out.append(float(getattr(entry, "logprob", entry)))
+    return out
