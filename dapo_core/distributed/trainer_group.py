@@ -6,6 +6,12 @@ denominators and the gradients when a group is initialised, so the ranks only ne
 (``shard_for_update``: whole prompt groups of every mini-batch) and to be called together: every collective
 call happens on every rank, in the same order.
 
+With ``trainer.strategy=fsdp2`` each rank loads the fp32 master weights on CPU, forms the process group (also for a
+world of one) and then shards the model (``dapo_core.engines.fsdp.apply_fsdp2``; parameters move to the GPU layer by
+layer). Then *every* call that touches the model is a collective, made on every rank: log-probs (every rank gets a
+row shard, possibly only a masked dummy), ``state_dict`` (gathered on rank 0 for the weight sync), checkpoints
+(every rank writes its shard under ``shards/``, rank 0 the HF files and metadata), loading and export.
+
 Trainer ranks are not restarted: a dead rank takes the process group and the optimizer state with it, so the
 step fails with an error naming the rank, its node and the cause (resume from the last checkpoint).
 """
@@ -24,6 +30,7 @@ import torch
 import torch.distributed as dist
 from ray.exceptions import RayActorError
 from torch import Tensor
+from torch.distributed.device_mesh import init_device_mesh
 
 from dapo_core.config import DapoConfig
 from dapo_core.distributed.faults import ManagedActor, describe, this_node, wait_ready
@@ -37,12 +44,24 @@ from dapo_core.engines.executor import (
     policy_state_dict,
     policy_trainer_from,
 )
-from dapo_core.engines.models import resolve_device, save_hf_dir
+from dapo_core.engines.fsdp import (
+    MASTER_DTYPE,
+    FsdpSettings,
+    apply_fsdp2,
+    export_hf_dir,
+    full_state_dict,
+    load_fsdp_checkpoint,
+    save_fsdp_checkpoint,
+)
+from dapo_core.engines.models import DTYPES, load_model, resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.engines.trainer import PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
 ROLE = "trainer rank"
+# TrainerRank methods that every rank must join under FSDP2 (besides update / sft_step / compute_log_probs)
+_COLLECTIVE_UNDER_FSDP = frozenset({"state_dict", "save_checkpoint", "load_checkpoint", "export_model"})
 
 
 class TrainerRank:
@@ -55,10 +74,35 @@ class TrainerRank:
         self.rank = rank
         self.world_size = world_size
         self.device = resolve_device(cfg.trainer.device)
-        self.model = load_policy_model(cfg, model_path, self.device)
-        self.trainer = policy_trainer_from(cfg, self.model, self.device)
+        self.fsdp = cfg.trainer.strategy == "fsdp2"
+        self._trainer: PolicyTrainer | None = None
+        self.model: Any  # an HF causal LM; under FSDP2 also an FSDPModule once sharded
+        if self.fsdp:  # fp32 master weights on CPU; sharded (and moved to the device) once the group exists
+            m = cfg.model
+            self.model = load_model(
+                model_path, dtype=MASTER_DTYPE, revision=m.revision, trust_remote_code=m.trust_remote_code, device="cpu"
+            )
+        else:
+            self.model = load_policy_model(cfg, model_path, self.device)
+            self._trainer = policy_trainer_from(cfg, self.model, self.device)
         self.loss_cfg = loss_config_from(cfg)
         self._tokenizer: Any = None
+
+    @property
+    def trainer(self) -> PolicyTrainer:
+        if self._trainer is None:
+            raise RuntimeError(
+                f"trainer rank {self.rank} (trainer.strategy=fsdp2) has no trainer before init_process_group: "
+                "call TrainerGroup.ready() first"
+            )
+        return self._trainer
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The configured model dtype: what weight syncs, checkpoints' HF files and exports are written in."""
+        dtype = DTYPES[self.cfg.model.dtype]
+        assert isinstance(dtype, torch.dtype)
+        return dtype
 
     def node_info(self) -> dict[str, Any]:
         return this_node()
@@ -72,6 +116,8 @@ class TrainerRank:
 
     def init_process_group(self, address: str, port: int, timeout_s: float) -> str:
         backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":  # the GPU Ray gave this actor (index 0 of its CUDA_VISIBLE_DEVICES): FSDP's
+            torch.cuda.set_device(self.device.index or 0)  # mesh and NCCL use the current device
         dist.init_process_group(
             backend,
             init_method=f"tcp://{address}:{port}",
@@ -79,6 +125,13 @@ class TrainerRank:
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        if self.fsdp:
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
+            settings = FsdpSettings.from_config(self.cfg.trainer.fsdp)
+            self.model = apply_fsdp2(
+                self.model, settings, mesh=mesh, gradient_checkpointing=self.cfg.model.gradient_checkpointing
+            )
+            self._trainer = policy_trainer_from(self.cfg, self.model, self.device)  # optimizer over the shards
         return backend
 
     def compute_log_probs(self, batch: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
@@ -92,6 +145,9 @@ class TrainerRank:
         return self.trainer.sft_step(shard)
 
     def state_dict(self) -> dict[str, Tensor]:
+        """The weights as CPU tensors. Under FSDP2 a collective: rank 0 gets the full dict, the others ``{}``."""
+        if self.fsdp:
+            return full_state_dict(self.model, dtype=self.model_dtype)
         return policy_state_dict(self.model)
 
     def global_step(self) -> int:
@@ -106,6 +162,20 @@ class TrainerRank:
         return self._tokenizer
 
     def save_checkpoint(self, root: str, step: int, meta: dict[str, Any]) -> str:
+        if self.fsdp:  # collective: shards from every rank, the rest from rank 0
+            return str(
+                save_fsdp_checkpoint(
+                    root,
+                    step,
+                    model=self.model,
+                    optimizer=self.trainer.optimizer,
+                    trainer_state=self.trainer.state_dict(),
+                    meta=meta,
+                    tokenizer=self._tok() if self.rank == 0 else None,
+                    max_to_keep=self.cfg.trainer.max_ckpt_to_keep,
+                    dtype=self.model_dtype,
+                )
+            )
         path = save_checkpoint(
             root,
             step,
@@ -118,11 +188,17 @@ class TrainerRank:
         return str(path)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        loaded = load_checkpoint(path, model=self.model)
+        if self.fsdp:  # collective
+            loaded = load_fsdp_checkpoint(path, model=self.model, optimizer=self.trainer.optimizer)
+        else:
+            loaded = load_checkpoint(path, model=self.model)
         self.trainer.load_state_dict(loaded.trainer_state)
         return loaded.meta
 
     def export_model(self, path: str) -> str:
+        if self.fsdp:  # collective: gathered on rank 0, which writes
+            tokenizer = self._tok() if self.rank == 0 else None
+            return str(export_hf_dir(self.model, tokenizer, path, dtype=self.model_dtype))
         return str(save_hf_dir(self.model, self._tok(), path))
 
 
@@ -149,12 +225,13 @@ class TrainerGroup:
         ]
         self.start_timeout_s = start_timeout_s
         self.backend = "none"
+        self.fsdp = cfg.trainer.strategy == "fsdp2"  # every model call goes to every rank (collectives)
 
     def ready(self) -> None:
         """Wait for every rank to load its model, then form the process group (rank 0 publishes the address)."""
         wait_ready(self.actors, self.start_timeout_s)
         start_timeout_s, world = self.start_timeout_s, self.world_size
-        if world > 1:
+        if world > 1 or self.fsdp:  # FSDP2 needs a process group even for one rank
             address, port = self._get([self.actors[0].handle.rendezvous.remote()], [self.actors[0]])[0]
             calls = [a.handle.init_process_group.remote(address, port, start_timeout_s) for a in self.actors]
             self.backend = self._get(calls, self.actors)[0]
@@ -193,10 +270,16 @@ class TrainerGroup:
         return self._get([getattr(a.handle, method).remote(*args) for a in self.actors], self.actors)
 
     def call_rank0(self, method: str, *args: Any) -> Any:
+        """Rank 0's answer. Under FSDP2 the model methods are collectives: every rank is called, rank 0 answers
+        (calling rank 0 alone would leave it waiting for its peers)."""
+        if self.fsdp and method in _COLLECTIVE_UNDER_FSDP:
+            return self.call_all(method, *args)[0]
         return self._get([getattr(self.actors[0].handle, method).remote(*args)], self.actors[:1])[0]
 
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        shards = [(s, n, a) for (s, n), a in zip(shard_rows(batch, self.world_size), self.actors, strict=True) if n]
+        # under FSDP2 every rank takes part (a rank without rows gets shard_rows' masked dummy row)
+        pairs = zip(shard_rows(batch, self.world_size), self.actors, strict=True)
+        shards = [(s, n, a) for (s, n), a in pairs if n or self.fsdp]
         outs = self._get(
             [a.handle.compute_log_probs.remote(s, with_entropy) for s, _, a in shards], [a for *_, a in shards]
         )
@@ -217,11 +300,26 @@ class TrainerGroup:
         return self._get(refs, self.actors)[0]
 
     def state_ref(self) -> Any:
-        """ObjectRef of rank 0's weights (CPU tensors) in the object store, for the rollout workers to read."""
+        """ObjectRef of rank 0's weights (CPU tensors) in the object store, for the rollout workers to read.
+
+        Under FSDP2 every rank joins the gather (their refs hold ``{}`` and are dropped); rank 0's holds the
+        full state dict in the configured model dtype."""
+        if self.fsdp:
+            refs = [a.handle.state_dict.remote() for a in self.actors]
+            return refs[0]
         return self.actors[0].handle.state_dict.remote()
 
     def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path:
         return Path(self.call_rank0("save_checkpoint", str(root), step, meta))
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Every rank restores weights, optimizer, scheduler and RNG; returns the checkpoint's JSON meta."""
+        meta: dict[str, Any] = self.call_all("load_checkpoint", str(path))[0]
+        return meta
+
+    def export_model(self, path: str | Path) -> Path:
+        """The current policy as one HF directory (model + tokenizer) at ``path``."""
+        return Path(self.call_rank0("export_model", str(path)))
 
     def kill(self) -> None:
         for actor in self.actors:

@@ -7,10 +7,16 @@ Layout of ``<root>/step_<N>/``::
     trainer_state.pt      # optimizer + scheduler state (tensors and plain containers only: weights_only=True)
     rng_state.pt          # python / numpy / torch RNG states as tensors and plain values
     trainer_state.json    # counters, data-sampler position, MLflow run id, anything JSON the caller adds
+    shards/               # FSDP2 only: every rank's shard of the weights and optimizer state (torch DCP)
     COMPLETE              # written last, inside the temp dir, before the rename
 
 The directory is assembled under ``<root>/.tmp-step_<N>-<pid>`` and renamed into place, so a crash never leaves a
 half checkpoint where a resume would look; ``latest_checkpoint`` only returns directories with ``COMPLETE``.
+
+FSDP2 ranks save together (``sharded=ShardedSave(...)``, called on every rank): every rank writes its shard under
+``shards/`` (so no rank ever holds the whole optimizer state), rank 0 writes the rest (the HF files from the
+gathered weights, ``trainer_state.pt`` without the optimizer, RNG, JSON, ``COMPLETE``) and renames. The temp
+directory is ``.tmp-step_<N>-sharded`` (one name the ranks agree on); lookup, pruning and resume are unchanged.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
+SHARDS_DIR = "shards"
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -79,46 +87,125 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step}"
 
 
+@dataclass(frozen=True)
+class ShardedSave:
+    """How the ranks of one FSDP2 group write a checkpoint together (see the module docstring).
+
+    ``write_shards(dir)`` is collective (every rank writes its shard, e.g. ``fsdp.save_sharded``);
+    ``all_ok(flag)`` is collective and True iff every rank passed True (e.g. ``fsdp.all_ranks_ok``).
+    """
+
+    rank: int
+    write_shards: Callable[[Path], None]
+    all_ok: Callable[[bool], bool]
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
     *,
-    model: nn.Module,
+    model: nn.Module | None,
     trainer_state: dict[str, Any],
     meta: dict[str, Any] | None = None,
     tokenizer: Any | None = None,
     max_to_keep: int | None = None,
+    sharded: ShardedSave | None = None,
 ) -> Path:
-    """Write ``<root>/step_<step>`` atomically and prune older ones beyond ``max_to_keep``. Returns its path."""
+    """Write ``<root>/step_<step>`` atomically and prune older ones beyond ``max_to_keep``. Returns its path.
+
+    With ``sharded`` every rank calls this; ``model`` (the gathered HF model, None elsewhere), ``tokenizer``,
+    ``trainer_state`` and ``meta`` are only used on rank 0, and every rank returns once the checkpoint is complete.
+    """
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
-    tmp = root / f".tmp-step_{step}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+
+    def commit(tmp: Path) -> None:
+        if model is None:
+            raise ValueError("save_checkpoint needs the model on the writing rank (rank 0): got None")
+        try:
+            _write_and_commit(tmp, final, step, model, tokenizer, trainer_state, meta)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if max_to_keep is not None and max_to_keep > 0:
+            prune_checkpoints(root, max_to_keep)
+
+    if sharded is None:
+        tmp = root / f".tmp-step_{step}-{os.getpid()}"
+        _fresh_dir(tmp)
+        commit(tmp)
+        return final
+    tmp = root / f".tmp-step_{step}-sharded"  # the ranks' pids differ: a name every rank can compute
+    _on_rank0(sharded, lambda: _fresh_dir(tmp), f"prepare {tmp}")
     try:
-        model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save(trainer_state, tmp / "trainer_state.pt")
-        torch.save(capture_rng_state(), tmp / "rng_state.pt")
-        meta_all = {"step": step, **(meta or {})}
-        (tmp / "trainer_state.json").write_text(json.dumps(meta_all, indent=2, sort_keys=True))
-        (tmp / COMPLETE_MARKER).write_text("ok\n")
-        if final.exists():  # re-saving a step (e.g. after a resume) replaces it whole
-            old = root / f".old-step_{step}-{os.getpid()}"
-            final.rename(old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        sharded.write_shards(tmp / SHARDS_DIR)  # collective: DCP fails on every rank together
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if sharded.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if max_to_keep is not None and max_to_keep > 0:
-        prune_checkpoints(root, max_to_keep)
+    _on_rank0(sharded, lambda: commit(tmp), f"write {final}")
     return final
+
+
+def _fresh_dir(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir()
+
+
+def _on_rank0(sharded: ShardedSave, work: Callable[[], None], what: str) -> None:
+    """Run ``work`` on rank 0; every rank learns whether it failed (and raises too), so none waits in a later
+    collective."""
+    error: BaseException | None = None
+    if sharded.rank == 0:
+        try:
+            work()
+        except BaseException as exc:
+            error = exc
+    if not sharded.all_ok(error is None):
+        if error is not None:
+            raise error
+        raise RuntimeError(f"checkpoint rank 0 failed to {what}; see rank 0's error")
+
+
+def _write_and_commit(
+    tmp: Path,
+    final: Path,
+    step: int,
+    model: nn.Module,
+    tokenizer: Any | None,
+    trainer_state: dict[str, Any],
+    meta: dict[str, Any] | None,
+) -> None:
+    """The HF files, trainer state, RNG, JSON and COMPLETE into ``tmp``, then rename it to ``final``."""
+    model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    torch.save(trainer_state, tmp / "trainer_state.pt")
+    torch.save(capture_rng_state(), tmp / "rng_state.pt")
+    meta_all = {"step": step, **(meta or {})}
+    (tmp / "trainer_state.json").write_text(json.dumps(meta_all, indent=2, sort_keys=True))
+    (tmp / COMPLETE_MARKER).write_text("ok\n")
+    if final.exists():  # re-saving a step (e.g. after a resume) replaces it whole
+        old = final.parent / f".old-step_{step}-{os.getpid()}"
+        final.rename(old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+
+
+def shards_dir(path: str | Path) -> Path:
+    """The FSDP2 shards of a complete checkpoint; a clear error for a checkpoint written without them."""
+    shards = Path(path) / SHARDS_DIR
+    if not shards.is_dir():
+        raise FileNotFoundError(
+            f"{path} has no {SHARDS_DIR}/ directory: it was written with trainer.strategy=ddp (full weights and "
+            f"optimizer in one file). Resume it with trainer.strategy=ddp, or start a new fsdp2 run from its "
+            f"weights with model.path={path}"
+        )
+    return shards
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:

@@ -8,6 +8,12 @@ accumulated gradient is exactly the mini-batch gradient however it is split (see
 Data parallel: when ``torch.distributed`` is initialised with world size > 1, each rank holds a shard of every
 mini-batch; the denominators are all-reduced (summed) and so are the gradients. Summing is right because each
 rank's loss already divides by the global count: sum over ranks of d(local_sum / global_count) = d(whole loss).
+
+FSDP2 (``dapo_core.engines.fsdp.apply_fsdp2`` applied before building the trainer): FSDP reduce-scatters the
+gradients itself (summed, divide factor 1), so the manual all-reduce is skipped and gradient sync is deferred to
+the last micro-batch of a mini-batch. Every forward all-gathers parameters, so every rank must run the same
+number of forward/backward passes: ranks agree on the micro-batch count (all-reduce max) and a rank with fewer
+rows runs zero-weight filler micro-batches (response mask all zero: they add exactly nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from dapo_core.algorithm import (
     agg_loss,
@@ -30,8 +37,27 @@ from dapo_core.algorithm import (
     policy_loss,
 )
 from dapo_core.engines.batch import PolicyBatch, split_by_groups, split_rows
+from dapo_core.engines.fsdp import (
+    agreed_mini_batch_count,
+    enable_activation_checkpointing,
+    filler_micro_batch,
+    full_value,
+    is_fsdp,
+    most_over_ranks,
+)
 
 logger = logging.getLogger(__name__)
+
+# per-micro-batch metrics averaged with token weights over the mini-batch
+_TOKEN_WEIGHTED = (
+    "pg_clipfrac",
+    "pg_clipfrac_high",
+    "pg_clipfrac_low",
+    "pg_clipfrac_dual",
+    "ppo_kl",
+    "entropy",
+    "mean_prob",
+)
 
 
 @dataclass
@@ -133,7 +159,11 @@ class PolicyTrainer:
         gradient_checkpointing: bool = False,
         entropy_chunk_size: int = 1024,
         device: torch.device | str | None = None,
+        fsdp_defer_grad_sync: bool = True,
     ) -> None:
+        """``fsdp_defer_grad_sync`` (FSDP2 only): reduce-scatter gradients once per mini-batch instead of once per
+        micro-batch. Same numbers, fewer collectives, but the unsharded gradients of the whole model (in the
+        reduce dtype) are held while accumulating: turn it off when that does not fit (e.g. 32B on 80 GB GPUs)."""
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         self.model = model
@@ -141,9 +171,11 @@ class PolicyTrainer:
         self.optim_cfg = optim
         self.micro_batch_size = micro_batch_size
         self.entropy_chunk_size = entropy_chunk_size
-        enable_checkpointing = getattr(model, "gradient_checkpointing_enable", None)
-        if gradient_checkpointing and callable(enable_checkpointing):
-            enable_checkpointing()
+        # FSDP2: gradients are reduce-scattered by FSDP, and every rank must run as many forwards as the others
+        self.fsdp = is_fsdp(model)
+        self.fsdp_defer_grad_sync = fsdp_defer_grad_sync
+        if gradient_checkpointing:
+            enable_activation_checkpointing(model)  # (apply_fsdp2 does it before sharding; then this is a no-op)
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
@@ -171,6 +203,29 @@ class PolicyTrainer:
             entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)
         return log_probs, entropy
 
+    def _lockstep(self, micros: list[PolicyBatch]) -> list[PolicyBatch | None]:
+        """Under FSDP2, pad with ``None`` (a filler micro-batch) to the largest micro-batch count of any rank."""
+        if not self.fsdp:
+            return list(micros)
+        return [*micros, *([None] * (most_over_ranks(len(micros), self.device) - len(micros)))]
+
+    def _prepare(self, micro: PolicyBatch | None) -> PolicyBatch:
+        return filler_micro_batch(self.device) if micro is None else _trim(micro).to(self.device)
+
+    def _agree_mini_batches(self, minis: list[PolicyBatch], batch: PolicyBatch) -> list[PolicyBatch]:
+        """Under FSDP2 every rank takes the same optimizer steps: mini-batch counts must agree, except that a rank
+        with no rows at all joins each mini-batch with filler micro-batches only."""
+        if not self.fsdp:
+            return minis
+        most = agreed_mini_batch_count(len(minis), self.device)  # a collective: every rank calls it
+        return minis or [batch] * most
+
+    def _sync_grads_on(self, index: int, count: int) -> None:
+        """FSDP2 with deferred sync: reduce-scatter only in the last micro-batch's backward (gradients accumulate
+        unsharded before; see ``fsdp_defer_grad_sync``)."""
+        if isinstance(self.model, FSDPModule) and self.fsdp_defer_grad_sync:
+            self.model.set_requires_gradient_sync(index == count - 1)
+
     @torch.no_grad()
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropy) of every response token under the current policy, in micro-batches.
@@ -183,10 +238,13 @@ class PolicyTrainer:
         n, width = batch.num_responses, batch.response_width
         out_lp = torch.zeros(n, width, dtype=torch.float32)
         out_ent = torch.zeros(n, width, dtype=torch.float32) if with_entropy else None
-        for start in range(0, n, self.micro_batch_size):
-            mb = _trim(batch.select(slice(start, start + self.micro_batch_size))).to(self.device)
+        micros = [batch.select(slice(s, s + self.micro_batch_size)) for s in range(0, n, self.micro_batch_size)]
+        for k, micro in enumerate(self._lockstep(micros)):
+            mb = self._prepare(micro)
             lp, ent = self._log_probs(mb, with_entropy)
-            t = mb.response_width
+            if micro is None:  # a filler: its forward only kept the FSDP ranks in step
+                continue
+            start, t = k * self.micro_batch_size, mb.response_width
             out_lp[start : start + lp.shape[0], :t] = (lp * mb.response_mask).float().cpu()
             if out_ent is not None and ent is not None:
                 out_ent[start : start + ent.shape[0], :t] = (ent * mb.response_mask).float().cpu()
@@ -210,13 +268,13 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         count = 0
         last: dict[str, float] = {}
-        for _epoch in range(ppo_epochs):
-            for mini in split_by_groups(batch, mini_batch_groups):
-                m = self._update_mini_batch(mini, loss_cfg)
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                count += 1
-                last = m
+        minis = [mini for _epoch in range(ppo_epochs) for mini in split_by_groups(batch, mini_batch_groups)]
+        for mini in self._agree_mini_batches(minis, batch):
+            m = self._update_mini_batch(mini, loss_cfg)
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+            last = m
         self.scheduler.step()
         self.global_step += 1
         metrics = {k: v / count for k, v in sums.items()}
@@ -234,10 +292,11 @@ class PolicyTrainer:
         # Dr. GRPO's constant: the configured length, else the mini-batch's padded width (same for every micro)
         norm_length = loss_cfg.norm_length if loss_cfg.norm_length is not None else mini.response_width
         self.optimizer.zero_grad(set_to_none=True)
-        weighted: dict[str, float] = {}
+        weighted = dict.fromkeys(_TOKEN_WEIGHTED, 0.0)  # the same keys on every rank (all-reduced below)
         loss_total = 0.0
-        for micro in split_rows(_by_length(mini), self.micro_batch_size):
-            mb = _trim(micro).to(self.device)
+        micros = self._lockstep(split_rows(_by_length(mini), self.micro_batch_size))
+        for index, micro in enumerate(micros):
+            mb = self._prepare(micro)
             assert mb.old_log_probs is not None and mb.advantages is not None
             logits = self._forward_logits(mb)  # (n, T, V)
             log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
@@ -268,25 +327,20 @@ class PolicyTrainer:
             else:
                 with torch.no_grad():
                     entropy = entropy_from_logits(logits.detach(), chunk_size=self.entropy_chunk_size)
+            self._sync_grads_on(index, len(micros))
             loss.backward()
             loss_total += float(loss.detach())
+            if micro is None:  # a filler adds nothing, not even to the metrics
+                continue
             # token-weighted averages of the per-micro-batch metrics
             tokens = float(mb.response_mask.sum())
             with torch.no_grad():
                 m["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
                 m["mean_prob"] = float(masked_mean(torch.exp(log_probs.detach()), mb.response_mask))
-            for k in (
-                "pg_clipfrac",
-                "pg_clipfrac_high",
-                "pg_clipfrac_low",
-                "pg_clipfrac_dual",
-                "ppo_kl",
-                "entropy",
-                "mean_prob",
-            ):
-                weighted[k] = weighted.get(k, 0.0) + m[k] * tokens
+            for k in _TOKEN_WEIGHTED:
+                weighted[k] += m[k] * tokens
         self._all_reduce_grads()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip))
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         else:
@@ -299,7 +353,7 @@ class PolicyTrainer:
 
     def _all_reduce_grads(self) -> None:
         _, world = _world()
-        if world == 1:
+        if world == 1 or self.fsdp:  # FSDP2 already reduce-scattered (summed) them in backward
             return
         for p in self.model.parameters():
             if p.grad is not None:
@@ -312,18 +366,20 @@ class PolicyTrainer:
         num_tokens = _all_reduce_sum(float(batch.response_mask.sum()), self.device)
         self.optimizer.zero_grad(set_to_none=True)
         total, correct = 0.0, 0.0
-        for micro in split_rows(_by_length(batch), self.micro_batch_size):
-            mb = _trim(micro).to(self.device)
+        micros = self._lockstep(split_rows(_by_length(batch), self.micro_batch_size))
+        for index, micro in enumerate(micros):
+            mb = self._prepare(micro)
             logits = self._forward_logits(mb)  # (n, T, V)
             log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
             loss = -masked_sum(log_probs, mb.response_mask) / max(num_tokens, 1.0)
+            self._sync_grads_on(index, len(micros))
             loss.backward()
             total += float(loss.detach())
             with torch.no_grad():
                 hits = (logits.argmax(dim=-1) == mb.responses).float()
                 correct += float(masked_sum(hits, mb.response_mask))
         self._all_reduce_grads()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
+        grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip))
         lr_now = self.optimizer.param_groups[0]["lr"]
         if torch.isfinite(grad_norm):
             self.optimizer.step()
@@ -338,13 +394,26 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "global_step": self.global_step,
-        }
+        """Optimizer (not under FSDP2: its state is sharded, see ``fsdp.save_sharded``), scheduler and step."""
+        state: dict = {"scheduler": self.scheduler.state_dict(), "global_step": self.global_step}
+        if not self.fsdp:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Under FSDP2 the optimizer comes from the shards (``fsdp.load_sharded``), so ``state`` must not hold it."""
+        if self.fsdp and "optimizer" in state:
+            raise ValueError(
+                "this trainer state holds a full optimizer state (saved by ddp ranks) but this trainer is sharded "
+                "(FSDP2): resume with trainer.strategy=ddp, or start a new run from its weights (model.path=<dir>)"
+            )
+        if not self.fsdp and "optimizer" not in state:
+            raise ValueError(
+                "this trainer state has no optimizer state: it was saved by FSDP2 ranks (optimizer sharded under "
+                "the checkpoint's shards/); resume with trainer.strategy=fsdp2, or start a new run from its "
+                "weights (model.path=<checkpoint dir>)"
+            )
+        if not self.fsdp:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
