@@ -240,6 +240,11 @@ class FsdpConfig(_Section):
     reshard_after_forward: bool = Field(
         default=True, description="Free gathered parameters after forward (ZeRO-3); false = ZeRO-2 (more memory)."
     )
+    defer_grad_sync: bool = Field(
+        default=False,
+        description="Reduce-scatter gradients once per mini-batch instead of once per micro-batch: less traffic, "
+        "but each rank holds unsharded fp32 gradients of the whole model meanwhile (~4 bytes x parameters).",
+    )
 
 
 class TrainerConfig(_Section):
