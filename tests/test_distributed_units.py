@@ -115,6 +115,19 @@ def test_gpu_plans_place_ranks_on_gpu_bundles_and_reject_what_does_not_fit():
     assert plan.use_gpu and plan.bundles["shared"] == [[{"GPU": 1.0, "CPU": 8.0}] * 4] * 2
     assert [(s.pg, s.bundle) for s in plan.rollout_slots] == [(0, 0), (0, 2), (1, 0), (1, 2)]
     assert plan.trainer_request == {"num_cpus": 4.0, "num_gpus": 0.5}
+    # TP 2: each engine's vLLM workers take half of bundles (b, b+1); the driver actor holds no GPU
+    assert plan.rollout_engine_bundles == [[0, 1], [2, 3], [0, 1], [2, 3]] and plan.rollout_engine_gpu_share == 0.5
+    assert plan.rollout_request == {"num_cpus": 4.0, "num_gpus": 0.0}
+    one = plan_placement(res, cpus_per_node=32, rollout_tp=1)  # TP 1: the actor itself holds its GPU share
+    assert one.rollout_engine_bundles == [] and one.rollout_request == {"num_cpus": 4.0, "num_gpus": 0.5}
+    split = plan_placement(
+        res.model_copy(update={"placement": "split", "trainer_world_size": 4, "rollout_workers": 2}),
+        cpus_per_node=32,
+        rollout_tp=2,
+    )
+    assert split.rollout_engine_bundles == [[0, 1], [2, 3]] and split.rollout_engine_gpu_share == 1.0
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(3\) must divide resources.n_gpus_per_node \(4\)"):
+        plan_placement(res.model_copy(update={"rollout_workers": 1}), cpus_per_node=32, rollout_tp=3)
     with pytest.raises(ValueError, match=r"split placement needs .* <= GPUs \(2 x 4 = 8\)"):
         plan_placement(res.model_copy(update={"placement": "split"}), cpus_per_node=32, rollout_tp=2)
     with pytest.raises(ValueError, match="colocated placement needs"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import os
 import pickle
 import random
 import sys
@@ -49,6 +50,7 @@ ENGINE_ARGS = {
     "model", "tokenizer", "revision", "tokenizer_revision", "trust_remote_code", "dtype", "tensor_parallel_size",
     "gpu_memory_utilization", "enable_chunked_prefill", "max_num_batched_tokens", "max_model_len",
     "enable_prefix_caching", "enforce_eager", "enable_sleep_mode", "seed", "logprobs_mode", "worker_extension_cls",
+    "distributed_executor_backend",
 }  # fmt: skip
 
 
@@ -619,3 +621,20 @@ def test_bucket_encoding_round_trips_dtypes_and_shapes() -> None:
         assert name == name2 and t2.dtype == t.dtype and t2.shape == t.shape
         assert torch.equal(t2, t)
     assert WORKER_EXTENSION_CLS.endswith(".WeightSyncWorkerExtension")
+
+
+def test_ray_worker_of_a_tensor_parallel_engine_hands_its_bundles_to_vllm(stand, model_dir, monkeypatch) -> None:
+    from dapo_core.distributed.rollout_group import RolloutWorker
+
+    for key in ("VLLM_RAY_BUNDLE_INDICES", "VLLM_RAY_PER_WORKER_GPUS"):
+        monkeypatch.delenv(key, raising=False)  # registered: teardown undoes what the worker sets
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cfg = make_cfg(model_dir, **{"resources.n_gpus_per_node": 4, "rollout.tensor_parallel_size": 2})
+    worker = RolloutWorker(cfg, str(model_dir), 1, engine_bundles=[2, 3], engine_gpu_share=0.5)
+    kwargs = stand.llms[-1].kwargs
+    assert kwargs["distributed_executor_backend"] == "ray" and kwargs["tensor_parallel_size"] == 2
+    assert os.environ["VLLM_RAY_BUNDLE_INDICES"] == "2,3" and os.environ["VLLM_RAY_PER_WORKER_GPUS"] == "0.5"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # the driver actor holds no GPU; vLLM's workers do
+    assert worker.weight_version() == 0
+    single = RolloutWorker(make_cfg(model_dir), str(model_dir), 1)  # TP 1: vLLM runs in the actor's process
+    assert "distributed_executor_backend" not in stand.llms[-1].kwargs and single.weight_version() == 0

@@ -57,6 +57,10 @@ class PlacementPlan:
     threads: int  # torch threads per actor
     strategy: str = "STRICT_PACK"
     notes: list[str] = field(default_factory=list)
+    # tensor-parallel engines (rollout TP > 1): per rollout worker, the bundles (of its slot's placement group)
+    # its vLLM workers occupy, and the GPU share each of them takes; empty when TP = 1 (the actor holds the GPU)
+    rollout_engine_bundles: list[list[int]] = field(default_factory=list)
+    rollout_engine_gpu_share: float = 0.0
 
     @property
     def total_bundles(self) -> int:
@@ -132,6 +136,12 @@ def _plan_gpu(
             f"({world} + {workers} x {tp}) <= GPUs ({resources.nnodes} x {gpus_per_node} = {total}): "
             "lower them, add GPUs, or use resources.placement=colocate"
         )
+    if tp > 1 and gpus_per_node % tp:
+        raise ValueError(
+            f"rollout.tensor_parallel_size ({tp}) must divide resources.n_gpus_per_node ({gpus_per_node}): a vLLM "
+            f"engine's tensor-parallel group stays on one node; pick a divisor such as "
+            + " or ".join(str(d) for d in range(1, gpus_per_node + 1) if gpus_per_node % d == 0)
+        )
     cpus = max(1, cpus_per_node // gpus_per_node)
     bundle = {"GPU": 1.0, "CPU": float(cpus)}
     if colocate:
@@ -144,17 +154,25 @@ def _plan_gpu(
         r_pgs, r_slots = _per_node(ROLLOUT, rollout_gpus, gpus_per_node, bundle)
         bundles, rollout_slots, share = {TRAINER: t_pgs, ROLLOUT: r_pgs}, [r_slots[w * tp] for w in range(workers)], 1.0
     request = {"num_cpus": cpus * share, "num_gpus": share}
-    notes = [] if tp == 1 else [f"rollout engines span {tp} bundles each; the worker actor sits on the first"]
+    rollout_request, engine_bundles, notes = dict(request), [], []
+    if tp > 1:
+        # vLLM's Ray executor starts one worker per TP rank on the engine's bundles (VLLM_RAY_BUNDLE_INDICES),
+        # each taking the GPU share; the driver actor itself holds no GPU.
+        rollout_request["num_gpus"] = 0.0
+        engine_bundles = [list(range(slot.bundle, slot.bundle + tp)) for slot in rollout_slots]
+        notes = [f"rollout engines span {tp} bundles each: the worker actor sits on the first, vLLM's workers on all"]
     return PlacementPlan(
         placement=resources.placement,
         use_gpu=True,
         bundles=bundles,
         rollout_slots=rollout_slots,
         trainer_slots=trainer_slots,
-        rollout_request=dict(request),
+        rollout_request=rollout_request,
         trainer_request=dict(request),
         threads=cpus,
         notes=notes,
+        rollout_engine_bundles=engine_bundles,
+        rollout_engine_gpu_share=share if tp > 1 else 0.0,
     )
 
 

@@ -45,9 +45,24 @@ class StaleWeightsError(RuntimeError):
 class RolloutWorker:
     """Ray actor body: a rollout backend over its own copy of the policy (``ray.remote`` is applied by the group)."""
 
-    def __init__(self, cfg: DapoConfig, model_path: str, threads: int) -> None:
+    def __init__(
+        self,
+        cfg: DapoConfig,
+        model_path: str,
+        threads: int,
+        engine_bundles: Sequence[int] = (),
+        engine_gpu_share: float = 1.0,
+    ) -> None:
+        """``engine_bundles`` (tensor parallel > 1): bundles of this actor's placement group where vLLM's Ray
+        executor puts one worker per TP rank, each taking ``engine_gpu_share`` of a GPU."""
         torch.set_num_threads(max(1, threads))
         backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
+        engine_overrides: dict[str, Any] = {}
+        if engine_bundles:
+            os.environ["VLLM_RAY_BUNDLE_INDICES"] = ",".join(str(b) for b in engine_bundles)
+            os.environ["VLLM_RAY_PER_WORKER_GPUS"] = str(engine_gpu_share)
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)  # this actor holds no GPU; vLLM's workers each get one
+            engine_overrides["distributed_executor_backend"] = "ray"
         model = None
         if backend_cls.shares_policy_model:  # hf generates with a module; vllm loads the checkpoint itself
             model = load_model(
@@ -62,7 +77,9 @@ class RolloutWorker:
             revision=cfg.model.revision,
             trust_remote_code=cfg.model.trust_remote_code,
         )
-        self.backend = backend_cls.from_config(cfg, model=model, tokenizer=tokenizer, model_path=model_path)
+        self.backend = backend_cls.from_config(
+            cfg, model=model, tokenizer=tokenizer, model_path=model_path, engine_overrides=engine_overrides
+        )
         self._exit_on_generate = False
 
     def node_info(self) -> dict[str, Any]:
@@ -124,7 +141,13 @@ class RolloutGroup:
                     scheduling_strategy=placement.strategy(slot),
                     max_restarts=max_restarts,
                     max_task_retries=0,  # the group retries, after re-syncing the restarted worker's weights
-                ).remote(cfg, model_path, plan.threads),
+                ).remote(
+                    cfg,
+                    model_path,
+                    plan.threads,
+                    plan.rollout_engine_bundles[k] if plan.rollout_engine_bundles else (),
+                    plan.rollout_engine_gpu_share,
+                ),
             )
             for k, slot in enumerate(plan.rollout_slots)
         ]

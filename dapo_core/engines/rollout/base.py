@@ -93,12 +93,22 @@ class RolloutBackend(abc.ABC):
     _weight_version: int = 0
 
     @classmethod
-    def from_config(cls, cfg: DapoConfig, *, model: Any, tokenizer: Any, model_path: str) -> RolloutBackend:
+    def from_config(
+        cls,
+        cfg: DapoConfig,
+        *,
+        model: Any,
+        tokenizer: Any,
+        model_path: str,
+        engine_overrides: Mapping[str, Any] | None = None,
+    ) -> RolloutBackend:
         """Build the backend the run config asks for.
 
         ``model``: the policy module to generate with (None for backends with ``shares_policy_model`` False,
-        which load ``model_path`` themselves); ``tokenizer``: the run's tokenizer. The default suits backends
-        constructed as ``cls(model, tokenizer, *, micro_batch_size)``.
+        which load ``model_path`` themselves); ``tokenizer``: the run's tokenizer; ``engine_overrides``: engine
+        arguments set by the placement (e.g. vLLM's ``distributed_executor_backend`` inside a Ray actor), ignored
+        by in-process backends. The default suits backends constructed as ``cls(model, tokenizer, *,
+        micro_batch_size)``.
         """
         if model is None:
             raise ValueError(f"rollout backend {cls.__name__} generates with the policy module: pass model= (got None)")

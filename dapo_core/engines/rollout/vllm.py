@@ -214,11 +214,20 @@ class VllmRollout(RolloutBackend):
         logger.info("vLLM engine for %s up in %.1fs", self.engine_kwargs.get("model"), time.perf_counter() - t0)
 
     @classmethod
-    def from_config(cls, cfg: DapoConfig, *, model: Any, tokenizer: Any, model_path: str) -> VllmRollout:
-        """The engine for ``model_path`` with the run's rollout settings (``model`` is not used: vLLM loads its own)."""
+    def from_config(
+        cls,
+        cfg: DapoConfig,
+        *,
+        model: Any,
+        tokenizer: Any,
+        model_path: str,
+        engine_overrides: Mapping[str, Any] | None = None,
+    ) -> VllmRollout:
+        """The engine for ``model_path`` with the run's rollout settings (``model`` is not used: vLLM loads its own);
+        ``engine_overrides`` (from the placement) go on top of the config's engine arguments."""
         revision = cfg.model.revision
         return cls(
-            engine_kwargs_from(cfg, model_path),
+            {**engine_kwargs_from(cfg, model_path), **(engine_overrides or {})},
             tokenizer=tokenizer,
             eos_token_ids=eos_token_ids_for(tokenizer, model_path, revision=revision),
             free_cache_engine=cfg.rollout.free_cache_engine,
