@@ -32,14 +32,18 @@ DVC_STAGES = ("curate", "base_model", "train", "evaluate")
 
 
 def _dvc_commit(plog: Any) -> bool:
-    """Record the stage outputs in dvc.lock (they were produced by the same code the stage commands run)."""
+    """Record the stage outputs in dvc.lock (they were produced by the same code the stage commands run) and the
+    generated raw data in the DVC cache, so `dvc status` is clean and `dvc repro` a no-op afterwards."""
     # the venv's dvc first: `.venv/bin/dapo pipeline` (make run) does not put .venv/bin on PATH
     beside = Path(sys.executable).parent / "dvc"
     dvc = str(beside) if beside.is_file() else shutil.which("dvc")
     if dvc is None or not Path("dvc.yaml").is_file() or not Path(".dvc").is_dir():
         plog.warning("dvc (or dvc.yaml / .dvc) not found: stage outputs not recorded; run `dvc commit` yourself")
         return False
-    proc = subprocess.run([dvc, "commit", "--force", *DVC_STAGES], capture_output=True, text=True, timeout=600)
+    # data.dvc too: `dapo data generate` wrote data/ (same content as recorded) but not into the DVC cache, which
+    # `dvc status` reports as "not in cache" until it is committed
+    raw = ["data.dvc"] if Path("data.dvc").is_file() else []
+    proc = subprocess.run([dvc, "commit", "--force", *raw, *DVC_STAGES], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         plog.warning("`dvc commit` failed (exit %d): %s", proc.returncode, proc.stderr.strip()[-2000:])
         return False

@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 import torch.multiprocessing as mp
-from _tiny import random_batch, tiny_model
+from _tiny import random_batch, tiny_model, tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from dapo_core.distributed.sharding import shard_for_update
@@ -133,6 +133,21 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         out["m_bf16"] = half.update(shard_for_update(batch, 2, WORLD)[rank], LOSS, ppo_epochs=1, mini_batch_groups=1)
         out["bf16_master_dtypes"] = sorted({str(p.dtype) for p in half.model.parameters()})
         snap("bf16", half)
+        # rank-0 loading: a meta skeleton on every rank, only rank 0 reads the checkpoint, shards filled by broadcast
+        from dapo_core.engines.fsdp_init import load_master_on_rank0, materialize_from_rank0
+
+        skeleton, full = load_master_on_rank0(str(Path(out_dir) / "hf"), rank=rank)
+        out["rank0_load/has_full"] = full is not None
+        out["rank0_load/meta_before"] = all(p.is_meta for p in skeleton.parameters())
+        loaded_model = apply_fsdp2(skeleton, F32)
+        materialize_from_rank0(loaded_model, full, device="cpu")
+        out["rank0_load/state"] = full_state_dict(loaded_model)  # collective
+        out["rank0_load/buffers"] = {n: b.clone() for n, b in loaded_model.named_buffers()}
+        ids = (torch.arange(12).view(2, 6) % 20) + 3  # (2, 6)
+        with torch.no_grad():
+            out["rank0_load/logits"] = loaded_model(input_ids=ids).logits  # collective forward
+        emb_in, emb_out = loaded_model.get_input_embeddings(), loaded_model.get_output_embeddings()
+        out["rank0_load/tied"] = emb_in.weight is emb_out.weight
     finally:
         torch.save(out, Path(out_dir) / f"rank{rank}.pt")
         dist.destroy_process_group()
@@ -147,6 +162,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> tuple[list[dict[str, Any]], Path]:
     out_dir = tmp_path_factory.mktemp("fsdp")
+    tiny_model_dir(out_dir / "hf", seed=4)  # for the rank-0 loading scenario
     mp.start_processes(_rank_main, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=True, start_method="spawn")
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=True) for r in range(WORLD)], out_dir
 
@@ -360,3 +376,23 @@ def test_sharded_save_that_fails_on_rank0_fails_on_every_rank_and_leaves_nothing
     rank1 = ShardedSave(rank=1, write_shards=lambda d: None, all_ok=lambda ok: next(answers))
     with pytest.raises(RuntimeError, match="checkpoint rank 0 failed to write"):
         save_checkpoint(tmp_path, 3, model=None, trainer_state={}, sharded=rank1)
+
+
+def test_rank0_loading_gives_every_rank_the_checkpoint_without_a_full_copy(ranks):
+    from dapo_core.engines.models import load_model
+
+    outs, out_dir = ranks
+    want = load_model(str(out_dir / "hf"))  # what every rank used to load in full
+    assert [o["rank0_load/has_full"] for o in outs] == [True, False]  # one full copy, on rank 0 only
+    assert all(o["rank0_load/meta_before"] for o in outs)
+    _assert_weights(outs[0]["rank0_load/state"], want.state_dict(), rtol=0, atol=0)
+    for o in outs:  # non-persistent buffers (RoPE inv_freq) too, on both ranks
+        assert set(o["rank0_load/buffers"]) == {n for n, _ in want.named_buffers()}
+        for name, buf in want.named_buffers():
+            torch.testing.assert_close(o["rank0_load/buffers"][name], buf, rtol=0, atol=0)
+        assert o["rank0_load/tied"] == (want.get_input_embeddings().weight is want.get_output_embeddings().weight)
+    ids = (torch.arange(12).view(2, 6) % 20) + 3
+    with torch.no_grad():
+        logits = want(input_ids=ids).logits  # (2, 6, V)
+    for o in outs:
+        torch.testing.assert_close(o["rank0_load/logits"], logits, rtol=1e-5, atol=1e-5)

@@ -6,9 +6,10 @@ denominators and the gradients when a group is initialised, so the ranks only ne
 (``shard_for_update``: whole prompt groups of every mini-batch) and to be called together: every collective
 call happens on every rank, in the same order.
 
-With ``trainer.strategy=fsdp2`` each rank loads the fp32 master weights on CPU, forms the process group (also for a
-world of one) and then shards the model (``dapo_core.engines.fsdp.apply_fsdp2``; parameters move to the GPU layer by
-layer). Then *every* call that touches the model is a collective, made on every rank: log-probs (every rank gets a
+With ``trainer.strategy=fsdp2`` every rank builds the architecture on the meta device and only rank 0 reads the
+fp32 master weights (on CPU); once the process group exists (also for a world of one) the skeleton is sharded
+(``dapo_core.engines.fsdp.apply_fsdp2``) and each rank allocates just its shards, filled by a broadcast from rank 0
+(``dapo_core.engines.fsdp_init``): host memory is one full copy per cluster, not one per rank. Then *every* call that touches the model is a collective, made on every rank: log-probs (every rank gets a
 row shard, possibly only a masked dummy), ``state_dict`` (gathered on rank 0 for the weight sync), checkpoints
 (every rank writes its shard under ``shards/``, rank 0 the HF files and metadata), loading and export.
 
@@ -45,7 +46,6 @@ from dapo_core.engines.executor import (
     policy_trainer_from,
 )
 from dapo_core.engines.fsdp import (
-    MASTER_DTYPE,
     FsdpSettings,
     apply_fsdp2,
     export_hf_dir,
@@ -53,7 +53,8 @@ from dapo_core.engines.fsdp import (
     load_fsdp_checkpoint,
     save_fsdp_checkpoint,
 )
-from dapo_core.engines.models import DTYPES, load_model, resolve_device, save_hf_dir
+from dapo_core.engines.fsdp_init import load_master_on_rank0, materialize_from_rank0
+from dapo_core.engines.models import DTYPES, resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.engines.trainer import PolicyTrainer
 
@@ -77,10 +78,11 @@ class TrainerRank:
         self.fsdp = cfg.trainer.strategy == "fsdp2"
         self._trainer: PolicyTrainer | None = None
         self.model: Any  # an HF causal LM; under FSDP2 also an FSDPModule once sharded
-        if self.fsdp:  # fp32 master weights on CPU; sharded (and moved to the device) once the group exists
+        self._full: Any = None  # FSDP2: rank 0's full fp32 model on CPU until the shards are filled from it
+        if self.fsdp:  # a meta skeleton on every rank; sharded and filled from rank 0 once the group exists
             m = cfg.model
-            self.model = load_model(
-                model_path, dtype=MASTER_DTYPE, revision=m.revision, trust_remote_code=m.trust_remote_code, device="cpu"
+            self.model, self._full = load_master_on_rank0(
+                model_path, rank=rank, revision=m.revision, trust_remote_code=m.trust_remote_code
             )
         else:
             self.model = load_policy_model(cfg, model_path, self.device)
@@ -131,6 +133,10 @@ class TrainerRank:
             self.model = apply_fsdp2(
                 self.model, settings, mesh=mesh, gradient_checkpointing=self.cfg.model.gradient_checkpointing
             )
+            # only this rank's shards are allocated; rank 0 broadcasts the weights (and buffers) into them
+            param_device = torch.device("cpu") if settings.cpu_offload else self.device
+            materialize_from_rank0(self.model, self._full, device=param_device, buffer_device=self.device)
+            self._full = None
             self._trainer = policy_trainer_from(self.cfg, self.model, self.device)  # optimizer over the shards
         return backend
 
