@@ -328,8 +328,10 @@ class BaseModelStageConfig(_Section):
     time_budget_s: float | None = Field(
         default=None, description="Stop earlier after this many seconds (null = off; breaks determinism)."
     )
-    lr: float = Field(default=3e-3, gt=0, description="Peak SFT learning rate (linear warm-up, cosine decay).")
-    warmup_steps: int = Field(default=30, ge=0, description="Linear warm-up steps of the SFT schedule.")
+    lr: float = Field(
+        default=1e-3, gt=0, description="Peak SFT learning rate (linear warm-up, cosine decay); 3e-3 is erratic here."
+    )
+    warmup_steps: int = Field(default=100, ge=0, description="Linear warm-up steps of the SFT schedule.")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay during SFT.")
     grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip during SFT.")
