@@ -113,7 +113,7 @@ def test_tiny_dapo_values():
     assert (d.train_batch_size, d.gen_batch_size, r.n, t.ppo_mini_batch_size) == (32, 48, 8, 16)
     assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (32, 32, 64)
     assert (a.overlong.buffer_length, a.overlong.penalty_factor, a.clip_c) == (16, 1.0, 10.0)
-    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (3e-4, 0, "constant", 0.0, 1.0)
+    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (1e-4, 0, "constant", 0.0, 1.0)
     assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (24, 8, 8, 2)
     assert (r.val_n, r.val_top_p) == (8, 1.0)
     assert (a.dynamic_sampling.enable, a.dynamic_sampling.max_num_gen_batches) == (True, 10)
@@ -414,7 +414,7 @@ def test_flatten_unflatten_round_trip(tiny_raw, lr, seed, run_name, experiment, 
 def test_flatten_keys_are_dotted_and_mlflow_safe():
     flat = flatten_config(tiny())
     assert flat["algorithm.dynamic_sampling.enable"] == "true"
-    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "0.0003"
+    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "0.0001"
     assert all(set(k) <= set("abcdefghijklmnopqrstuvwxyz_0123456789.") for k in flat)
 
 
