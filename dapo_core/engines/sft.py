@@ -377,7 +377,7 @@ def run_warm_start(
     heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
     banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
     probe_set: list[SyntheticProblem] = []
-    if ws.target_greedy_acc is not None:  # its own stream: the reported held-out accuracy stays unbiased
+    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:  # its own stream: held-out stays unbiased
         probe_set = heldout_problems(
             ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
         )
