@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from benchmarks.common import write_results
+from benchmarks.common import random_policy_batch, write_results
 from dapo_core.distributed.sharding import shard_for_update
-from dapo_core.engines.batch import PolicyBatch, build_policy_batch
+from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
@@ -52,19 +52,7 @@ def _model() -> torch.nn.Module:
 
 def _batch() -> PolicyBatch:
     vocab = len(build_char_tokenizer(DEFAULT_ALPHABET))
-    gen = torch.Generator().manual_seed(0)
-    prompts, responses, gids = [], [], []
-    for k in range(GROUPS):
-        prompt = torch.randint(5, vocab, (PROMPT_LEN,), generator=gen).tolist()
-        for _ in range(G):
-            n = int(torch.randint(RESP_LEN // 2, RESP_LEN + 1, (1,), generator=gen))
-            prompts.append(prompt)
-            responses.append(torch.randint(5, vocab, (n,), generator=gen).tolist())
-            gids.append(k)
-    batch = build_policy_batch(prompts, responses, pad_token_id=0, group_ids=gids)
-    batch.advantages = torch.randn(len(prompts), generator=gen)
-    batch.old_log_probs = -3.0 + 0.1 * torch.randn(batch.response_mask.shape, generator=gen)  # (N, T)
-    return batch
+    return random_policy_batch(groups=GROUPS, g=G, prompt_len=PROMPT_LEN, resp_len=RESP_LEN, vocab=vocab)
 
 
 def _rss_mb() -> tuple[float, float]:

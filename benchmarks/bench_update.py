@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.common import best_of, matmul_gflops, write_results
+from benchmarks.common import best_of, matmul_gflops, random_policy_batch, write_results
 from dapo_core.algorithm import log_probs_from_logits, masked_sum
-from dapo_core.engines.batch import build_policy_batch, split_by_groups, split_rows
+from dapo_core.engines.batch import split_by_groups, split_rows
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
@@ -20,27 +20,14 @@ from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
 GROUPS, G, PROMPT_LEN, RESP_LEN, MICRO, MINI_GROUPS = 32, 8, 12, 40, 64, 8
 
 
-def make_batch(vocab: int, pad: int):
-    gen = torch.Generator().manual_seed(0)
-    prompts, responses, gids = [], [], []
-    for k in range(GROUPS):
-        prompt = torch.randint(5, vocab, (PROMPT_LEN,), generator=gen).tolist()
-        for _ in range(G):
-            n = int(torch.randint(RESP_LEN // 2, RESP_LEN + 1, (1,), generator=gen))
-            prompts.append(prompt)
-            responses.append(torch.randint(5, vocab, (n,), generator=gen).tolist())
-            gids.append(k)
-    batch = build_policy_batch(prompts, responses, pad_token_id=pad, group_ids=gids)
-    batch.advantages = torch.randn(len(prompts), generator=gen)
-    return batch
-
-
 def main() -> None:
     torch.manual_seed(0)
     tok = build_char_tokenizer(DEFAULT_ALPHABET)
     model = build_tiny_qwen2(tok)
     n_params = sum(p.numel() for p in model.parameters())
-    batch = make_batch(len(tok), tok.pad_token_id)
+    batch = random_policy_batch(
+        groups=GROUPS, g=G, prompt_len=PROMPT_LEN, resp_len=RESP_LEN, vocab=len(tok), pad=tok.pad_token_id
+    )
     optim = OptimConfig(lr=1e-5, weight_decay=0.0)
     trainer = PolicyTrainer(model, optim, micro_batch_size=MICRO)
     batch.old_log_probs, _ = trainer.compute_log_probs(batch)

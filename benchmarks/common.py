@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from dapo_core.engines.batch import PolicyBatch, build_policy_batch
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -54,3 +56,23 @@ def write_results(name: str, payload: dict[str, Any], table: str) -> Path:
     (RESULTS / f"{name}.md").write_text(table + "\n")
     print(table)
     return out
+
+
+def random_policy_batch(
+    *, groups: int, g: int, prompt_len: int, resp_len: int, vocab: int, pad: int = 0, seed: int = 0
+) -> PolicyBatch:
+    """``groups`` prompts x ``g`` responses of random tokens (lengths resp_len/2..resp_len), with advantages: the
+    seeded batch the update benchmarks time (callers add ``old_log_probs`` when they need them)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts, responses, gids = [], [], []
+    for k in range(groups):
+        prompt = torch.randint(5, vocab, (prompt_len,), generator=gen).tolist()
+        for _ in range(g):
+            n = int(torch.randint(resp_len // 2, resp_len + 1, (1,), generator=gen))
+            prompts.append(prompt)
+            responses.append(torch.randint(5, vocab, (n,), generator=gen).tolist())
+            gids.append(k)
+    batch = build_policy_batch(prompts, responses, pad_token_id=pad, group_ids=gids)
+    batch.advantages = torch.randn(len(prompts), generator=gen)  # (N,)
+    batch.old_log_probs = -3.0 + 0.1 * torch.randn(batch.response_mask.shape, generator=gen)  # (N, T)
+    return batch
