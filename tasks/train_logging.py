@@ -21,6 +21,8 @@ from tasks.data import dvc_recorded_md5
 
 logger = logging.getLogger(__name__)
 
+VAL_SEED_PARTS = ("val",)  # one validation seed for every step (not per step): like-for-like curve points
+
 
 def file_digest(paths: Sequence[str | Path]) -> str:
     """sha256 over the bytes of the given files (the dataset digest tag)."""
@@ -57,11 +59,13 @@ def log_step(metrics: dict[str, float], step: int) -> None:
 
 @task(name="validate", cache_policy=NO_CACHE)
 def validate(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, *, step: int) -> dict[str, float]:
-    """avg@k / pass@k / maj@k on the validation set with the current policy; sample completions as a table."""
+    """avg@k / pass@k / maj@k on the validation set with the current policy; sample completions as a table.
+
+    Every step samples with the same seed, so the validation curve compares policies on the same noise."""
     from tasks.evaluate import evaluate_items  # the evaluation issue's runner
 
     t0 = time.perf_counter()
-    metrics, rows = evaluate_items(executor, items, cfg, seed_parts=("val", step))
+    metrics, rows = evaluate_items(executor, items, cfg, seed_parts=VAL_SEED_PARTS)
     metrics["timing_s/testing"] = time.perf_counter() - t0
     tracking.log_table(rows[: 8 * max(1, len({r.get("data_source") for r in rows}))], f"samples/step_{step:06d}.json")
     if step == 0:

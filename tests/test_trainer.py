@@ -1,4 +1,5 @@
-"""PolicyTrainer: log-probs vs a naive forward, micro-batch/rank invariance of the gradient, SFT, schedules."""
+"""PolicyTrainer: log-probs vs a naive forward (also at a sampling temperature), micro-batch/rank invariance of
+the gradient, the short last mini-batch's lr scale, SFT, schedules."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.multiprocessing as mp
 from _tiny import PAD, random_batch, tiny_model
 
 from dapo_core.engines.batch import build_policy_batch, split_by_groups
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer, lr_lambda
+from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer, lr_lambda, short_mini_batch_scales
 
 NO_CLIP = OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1e9)
 
@@ -38,6 +39,57 @@ def test_log_probs_equal_naive_log_softmax_gather():
             assert float(ent[i, t]) == pytest.approx(float(-(probs * logp[plen - 1 + t]).sum()), abs=1e-5)
         assert torch.all(lp[i, n_resp:] == 0)
     assert batch.responses.shape[1] == batch.response_width and p > 0
+
+
+def test_log_probs_and_entropy_are_at_the_sampling_temperature():
+    model = tiny_model()
+    batch = random_batch(0)
+    trainer = PolicyTrainer(model, NO_CLIP, micro_batch_size=5, temperature=2.0)
+    lp, ent = trainer.compute_log_probs(batch, with_entropy=True)
+    with torch.no_grad():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    p, t = batch.prompt_width, batch.response_width
+    logp = torch.log_softmax(out.logits[:, p - 1 : p + t - 1].double() / 2.0, dim=-1)  # (N, T, V)
+    want = logp.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1) * batch.response_mask  # (N, T)
+    want_ent = -(logp.exp() * logp).sum(-1) * batch.response_mask  # (N, T)
+    torch.testing.assert_close(lp.double(), want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent.double(), want_ent, rtol=0, atol=1e-5)
+    raw, _ = PolicyTrainer(model, NO_CLIP, micro_batch_size=5).compute_log_probs(batch)
+    assert not torch.allclose(raw, lp, atol=1e-3)  # the temperature really changed them
+
+
+def test_update_recomputes_pi_theta_at_the_temperature_of_pi_old():
+    # pi_old at T=2 and one mini-batch: the first (only) step is on-policy only if pi_theta is at T=2 too
+    batch = random_batch(5)
+    for temperature, on_policy in ((2.0, True), (1.0, False)):
+        trainer = PolicyTrainer(tiny_model(seed=1), NO_CLIP, micro_batch_size=4, temperature=temperature)
+        batch.old_log_probs = PolicyTrainer(tiny_model(seed=1), NO_CLIP, temperature=2.0).compute_log_probs(batch)[0]
+        m = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=100)
+        assert (abs(m["ppo_kl"]) < 1e-6) == on_policy, (temperature, m["ppo_kl"])
+        if on_policy:
+            assert m["pg_clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_temperature_must_be_positive_and_finite(bad):
+    with pytest.raises(ValueError, match=r"temperature \(.*\) must be a finite number > 0.*rollout\.temperature"):
+        PolicyTrainer(tiny_model(), NO_CLIP, temperature=bad)
+
+
+def test_sft_step_ignores_the_sampling_temperature():
+    batch = build_policy_batch([[3, 4]] * 4, [[5, 6, 7, 2]] * 4, pad_token_id=PAD)
+    plain = PolicyTrainer(tiny_model(seed=3), NO_CLIP).sft_step(batch)
+    hot = PolicyTrainer(tiny_model(seed=3), NO_CLIP, temperature=2.0).sft_step(batch)
+    assert hot == pytest.approx(plain)
+
+
+def test_policy_trainer_from_config_takes_the_rollout_temperature():
+    from dapo_core.config import load_config
+    from dapo_core.engines.executor import policy_trainer_from
+
+    cfg = load_config(recipe="tiny-dapo", overrides=["rollout.temperature=0.7"], env={})
+    trainer = policy_trainer_from(cfg, tiny_model(), torch.device("cpu"))
+    assert trainer.temperature == 0.7
 
 
 def _grads_after_update(batch, micro: int, loss_agg: str, entropy_coef: float = 0.0) -> dict[str, torch.Tensor]:
@@ -80,6 +132,60 @@ def test_update_counts_mini_batches_and_reports_clipping():
     assert metrics["ppo_kl_last"] != 0.0
     for key in ("pg_loss", "entropy", "mean_prob", "grad_norm", "lr", "pg_clipfrac_high", "pg_clipfrac_low"):
         assert key in metrics
+
+
+def _record_step_lrs(trainer: PolicyTrainer) -> list[float]:
+    """The lr of the param groups (all equal) at each optimizer step, from a step pre-hook."""
+    seen: list[float] = []
+
+    def hook(optimizer, args, kwargs):
+        lrs = {g["lr"] for g in optimizer.param_groups}
+        assert len(lrs) == 1
+        seen.append(lrs.pop())
+
+    trainer.optimizer.register_step_pre_hook(hook)
+    return seen
+
+
+def test_short_last_mini_batch_steps_at_a_scaled_lr_that_is_then_restored():
+    # 3 groups in mini-batches of 2 = 1.5 mini-batches: the second step holds half the groups -> lr x 0.5
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1e9, warmup_steps=4)  # scheduler lr 0.25x, 0.5x, ..
+    trainer = PolicyTrainer(tiny_model(seed=2), optim, micro_batch_size=4)
+    batch = random_batch(11, groups=3, g=2)
+    batch.old_log_probs = trainer.compute_log_probs(batch)[0]
+    seen = _record_step_lrs(trainer)
+    metrics = trainer.update(batch, LossConfig(), ppo_epochs=2, mini_batch_groups=2)
+    base = 1e-2 * 0.25
+    assert seen == pytest.approx([base, base * 0.5, base, base * 0.5])  # per epoch: full, then the short one
+    assert metrics["short_minibatch_scale"] == 0.5 and metrics["lr"] == pytest.approx(base)
+    # restored, and the schedule went on exactly as without the scaling (warm-up step 2 of 4)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5)
+    assert trainer.scheduler.get_last_lr() == pytest.approx([1e-2 * 0.5])
+
+
+def test_full_mini_batches_step_at_the_scheduled_lr():
+    trainer = PolicyTrainer(tiny_model(seed=2), NO_CLIP, micro_batch_size=4)
+    batch = random_batch(11, groups=4, g=2)
+    batch.old_log_probs = trainer.compute_log_probs(batch)[0]
+    seen = _record_step_lrs(trainer)
+    metrics = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2)
+    assert seen == [NO_CLIP.lr, NO_CLIP.lr] and metrics["short_minibatch_scale"] == 1.0
+
+
+def test_given_mini_batch_scales_are_used_and_checked():
+    # the Ray trainer ranks' path: relabelled shards (one "group" per mini-batch) with the whole batch's scales
+    batch = random_batch(3, groups=5, g=2)
+    assert short_mini_batch_scales(batch, 2) == [1.0, 1.0, 0.5]
+    assert short_mini_batch_scales(batch, 5) == [1.0] and short_mini_batch_scales(batch, 8) == [0.625]
+    trainer = PolicyTrainer(tiny_model(seed=2), NO_CLIP, micro_batch_size=4)
+    batch.old_log_probs = trainer.compute_log_probs(batch)[0]
+    seen = _record_step_lrs(trainer)
+    metrics = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=[1, 1, 0.25])
+    assert seen == pytest.approx([NO_CLIP.lr, NO_CLIP.lr, NO_CLIP.lr * 0.25])
+    assert metrics["short_minibatch_scale"] == 0.25
+    for bad in ([1.0, 0.5], [1.0, 1.0, 0.0], [1.0, 1.0, 1.5]):
+        with pytest.raises(ValueError, match=r"one lr multiplier in \(0, 1\] per mini-batch \(3 here\)"):
+            trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=bad)
 
 
 def test_split_by_groups_keeps_groups_together():
@@ -142,9 +248,10 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         # this rank's shard: alternate groups (unequal token counts across ranks on purpose)
         rows = torch.nonzero(batch.group_index % world == rank).squeeze(-1)
         shard = batch.select(rows)
-        trainer.update(shard, LossConfig(clip_c=10.0), ppo_epochs=1, mini_batch_groups=100)
+        metrics = trainer.update(shard, LossConfig(clip_c=10.0), ppo_epochs=1, mini_batch_groups=100)
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         torch.save(grads, Path(out_dir) / f"rank{rank}.pt")
+        torch.save(metrics["short_minibatch_scale"], Path(out_dir) / f"scale{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -160,3 +267,5 @@ def test_two_gloo_ranks_give_the_single_process_gradient(tmp_path):
         for name, g in single.items():
             torch.testing.assert_close(got[name], g, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
         assert len(got) == len(single)
+        # the lr scale counts the groups of every rank (4 of 100), so the ranks' weights stay identical
+        assert torch.load(tmp_path / f"scale{rank}.pt") == pytest.approx(4 / 100)

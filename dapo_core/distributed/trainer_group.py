@@ -56,7 +56,7 @@ from dapo_core.engines.fsdp import (
 from dapo_core.engines.fsdp_init import load_master_on_rank0, materialize_from_rank0
 from dapo_core.engines.models import DTYPES, resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.engines.trainer import PolicyTrainer
+from dapo_core.engines.trainer import PolicyTrainer, short_mini_batch_scales
 
 logger = logging.getLogger(__name__)
 
@@ -143,9 +143,16 @@ class TrainerRank:
     def compute_log_probs(self, batch: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         return self.trainer.compute_log_probs(batch, with_entropy=with_entropy)
 
-    def update(self, shard: PolicyBatch) -> dict[str, float]:
-        # the shard holds one relabelled "group" per mini-batch (see sharding.shard_for_update)
-        return self.trainer.update(shard, self.loss_cfg, ppo_epochs=self.cfg.trainer.ppo_epochs, mini_batch_groups=1)
+    def update(self, shard: PolicyBatch, mini_batch_scales: list[float] | None = None) -> dict[str, float]:
+        # the shard holds one relabelled "group" per mini-batch (see sharding.shard_for_update), so the short
+        # last mini-batch's lr scale comes from the whole batch (TrainerGroup.update)
+        return self.trainer.update(
+            shard,
+            self.loss_cfg,
+            ppo_epochs=self.cfg.trainer.ppo_epochs,
+            mini_batch_groups=1,
+            mini_batch_scales=mini_batch_scales,
+        )
 
     def sft_step(self, shard: PolicyBatch) -> dict[str, float]:
         return self.trainer.sft_step(shard)
@@ -296,8 +303,11 @@ class TrainerGroup:
         return log_probs, entropy
 
     def update(self, batch: PolicyBatch) -> dict[str, float]:
-        shards = shard_for_update(batch, self.cfg.trainer.ppo_mini_batch_size, self.world_size)
-        metrics = self._get([a.handle.update.remote(s) for s, a in zip(shards, self.actors, strict=True)], self.actors)
+        groups = self.cfg.trainer.ppo_mini_batch_size
+        shards = shard_for_update(batch, groups, self.world_size)
+        scales = short_mini_batch_scales(batch, groups)  # lr x groups / mini-batch size: < 1 for a short last one
+        refs = [a.handle.update.remote(s, scales) for s, a in zip(shards, self.actors, strict=True)]
+        metrics = self._get(refs, self.actors)
         return metrics[0]  # every rank returns the same all-reduced metrics
 
     def sft_step(self, batch: PolicyBatch) -> dict[str, float]:

@@ -141,7 +141,8 @@ def load_policy_model(cfg: DapoConfig, path: str, device: torch.device) -> Any:
 
 
 def policy_trainer_from(cfg: DapoConfig, model: Any, device: torch.device) -> PolicyTrainer:
-    """A ``PolicyTrainer`` over ``model`` with the config's optimizer, micro-batch and checkpointing settings."""
+    """A ``PolicyTrainer`` over ``model`` with the config's optimizer, micro-batch and checkpointing settings; its
+    log-probs are at ``rollout.temperature``, the distribution the training rollouts were sampled from."""
     return PolicyTrainer(
         model,
         optim_config_from(cfg),
@@ -149,6 +150,7 @@ def policy_trainer_from(cfg: DapoConfig, model: Any, device: torch.device) -> Po
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         device=device,
         fsdp_defer_grad_sync=cfg.trainer.fsdp.defer_grad_sync,
+        temperature=cfg.rollout.temperature,
     )
 
 

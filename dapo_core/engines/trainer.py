@@ -14,13 +14,16 @@ gradients itself (summed, divide factor 1), so the manual all-reduce is skipped 
 the last micro-batch of a mini-batch. Every forward all-gathers parameters, so every rank must run the same
 number of forward/backward passes: ranks agree on the micro-batch count (all-reduce max) and a rank with fewer
 rows runs zero-weight filler micro-batches (response mask all zero: they add exactly nothing).
+
+Temperature: the RL log-probs and entropy (``compute_log_probs``, ``update``) are those of the *sampling*
+distribution, softmax(logits / T) with T = rollout.temperature, as in verl; ``sft_step`` uses the raw logits.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +48,9 @@ from dapo_core.engines.fsdp import (
     is_fsdp,
     most_over_ranks,
 )
+from dapo_core.engines.optim import OptimConfig, lr_lambda, scaled_lr, short_mini_batch_scales
+
+__all__ = ["LossConfig", "OptimConfig", "PolicyTrainer", "lr_lambda", "short_mini_batch_scales"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,21 +67,6 @@ _TOKEN_WEIGHTED = (
 
 
 @dataclass
-class OptimConfig:
-    """AdamW + schedule. Warm-up and decay count optimizer-facing rollout steps (one ``update`` call = 1)."""
-
-    lr: float = 1e-6
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    scheduler: str = "constant"  # constant | cosine
-    total_steps: int = 1
-    min_lr_ratio: float = 0.0
-
-
-@dataclass
 class LossConfig:
     """The knobs of the policy loss (paper values for DAPO)."""
 
@@ -85,24 +76,6 @@ class LossConfig:
     loss_agg: str = "token-mean"
     norm_length: int | None = None
     entropy_coef: float = 0.0
-
-
-def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:
-    """Multiplier of the base lr at scheduler step s: linear warm-up to 1, then constant or cosine."""
-    if cfg.scheduler not in ("constant", "cosine"):
-        raise ValueError(f"unknown lr scheduler {cfg.scheduler!r}; valid: constant, cosine")
-
-    def fn(step: int) -> float:
-        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-            # (s+1)/W rather than s/W: the first update already moves (HF's s/W wastes step 0 at lr 0)
-            return (step + 1) / cfg.warmup_steps
-        if cfg.scheduler == "constant":
-            return 1.0
-        span = max(1, cfg.total_steps - cfg.warmup_steps)
-        progress = min(1.0, (step - cfg.warmup_steps) / span)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return fn
 
 
 def _world() -> tuple[int, int]:
@@ -160,12 +133,23 @@ class PolicyTrainer:
         entropy_chunk_size: int = 1024,
         device: torch.device | str | None = None,
         fsdp_defer_grad_sync: bool = True,
+        temperature: float = 1.0,
     ) -> None:
         """``fsdp_defer_grad_sync`` (FSDP2 only): reduce-scatter gradients once per mini-batch instead of once per
         micro-batch. Same numbers, fewer collectives, but the unsharded gradients of the whole model (in the
-        reduce dtype) are held while accumulating: turn it off when that does not fit (e.g. 32B on 80 GB GPUs)."""
+        reduce dtype) are held while accumulating: turn it off when that does not fit (e.g. 32B on 80 GB GPUs).
+
+        ``temperature``: the rollout's sampling temperature (rollout.temperature). pi_old and pi_theta are
+        softmax(logits / temperature), the distribution the responses were drawn from (verl does the same)."""
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(
+                f"PolicyTrainer temperature ({temperature}) must be a finite number > 0: the trainer divides the "
+                "logits by the rollout's sampling temperature to recompute its log-probs; set rollout.temperature "
+                "> 0 (the paper trains at 1.0; greedy decoding, 0, has no distribution to train)"
+            )
+        self.temperature = float(temperature)
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.optim_cfg = optim
@@ -195,8 +179,15 @@ class PolicyTrainer:
         )
         return out.logits[:, :-1, :]  # (n, T, V): position P-1+t predicts response token t
 
-    def _log_probs(self, mb: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def _sampling_logits(self, mb: PolicyBatch) -> Tensor:
+        """Logits of the sampling distribution, logits / temperature: (n, T_mb, V). For the RL log-probs only."""
         logits = self._forward_logits(mb)  # (n, T, V)
+        if self.temperature != 1.0:
+            logits = logits.div_(self.temperature)  # in place, as verl: no second (n, T, V) copy
+        return logits
+
+    def _log_probs(self, mb: PolicyBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        logits = self._sampling_logits(mb)  # (n, T, V)
         log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
         entropy = None
         if with_entropy:
@@ -230,8 +221,8 @@ class PolicyTrainer:
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropy) of every response token under the current policy, in micro-batches.
 
-        Used for pi_old (recomputed on the kept batch right before updating). Returns (N, T) tensors on CPU,
-        zero where the response mask is zero.
+        Used for pi_old (recomputed on the kept batch right before updating), at the sampling temperature.
+        Returns (N, T) tensors on CPU, zero where the response mask is zero.
         """
         was_training = self.model.training
         self.model.eval()
@@ -252,25 +243,57 @@ class PolicyTrainer:
         return out_lp, out_ent
 
     # ------------------------------------------------------------------ RL update
-    def update(self, batch: PolicyBatch, loss_cfg: LossConfig, *, ppo_epochs: int, mini_batch_groups: int) -> dict:
+    def update(
+        self,
+        batch: PolicyBatch,
+        loss_cfg: LossConfig,
+        *,
+        ppo_epochs: int,
+        mini_batch_groups: int,
+        mini_batch_scales: Sequence[float] | None = None,
+    ) -> dict:
         """``ppo_epochs`` x mini-batches of ``mini_batch_groups`` groups; one optimizer step per mini-batch.
 
         ``batch`` must carry ``advantages`` (N,) and ``old_log_probs`` (N, T). Returns bare metric names
         (callers prefix ``actor/``): pg_loss, pg_clipfrac(_high/_low/_dual), ppo_kl, entropy, mean_prob,
-        grad_norm, lr, num_updates, plus the clip fractions of the last mini-batch (``*_last``).
+        grad_norm, lr, num_updates, short_minibatch_scale, plus the clip fractions of the last mini-batch
+        (``*_last``).
+
+        A short last mini-batch (fewer groups than ``mini_batch_groups``, as when dynamic sampling with
+        on_exhausted=continue kept fewer than train_batch_size) steps at lr x its groups / ``mini_batch_groups``:
+        it moves the policy in proportion to its data. The lr is scaled, not the loss, as Adam normalises the
+        gradient's size away; it is restored right after that step and the scheduler never sees it.
+        ``short_minibatch_scale`` reports the smallest multiplier (1.0: none short). Under data parallel the group
+        count is summed over ranks (each holds whole groups of every mini-batch); shards that relabel groups
+        (``shard_for_update``) come with ``mini_batch_scales`` instead: ``short_mini_batch_scales`` of the whole
+        batch, one per mini-batch of an epoch.
         """
         if batch.advantages is None or batch.old_log_probs is None:
             raise ValueError("update() needs batch.advantages and batch.old_log_probs (compute them first)")
         if ppo_epochs <= 0:
             raise ValueError(f"ppo_epochs must be > 0, got {ppo_epochs}")
+        per_epoch = split_by_groups(batch, mini_batch_groups)
+        given = None if mini_batch_scales is None else [float(s) for s in mini_batch_scales]
+        expected = len(per_epoch) or len(given or [])  # a rank without rows (FSDP2) just joins the others' steps
+        if given is not None and (not given or len(given) != expected or not all(0 < s <= 1 for s in given)):
+            raise ValueError(
+                f"mini_batch_scales ({given}) must hold one lr multiplier in (0, 1] per mini-batch ({len(per_epoch)} "
+                "here): pass short_mini_batch_scales(<the whole batch>, mini_batch_groups), or None"
+            )
         self.model.train()
         lr_now = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, float] = {}
         count = 0
         last: dict[str, float] = {}
-        minis = [mini for _epoch in range(ppo_epochs) for mini in split_by_groups(batch, mini_batch_groups)]
-        for mini in self._agree_mini_batches(minis, batch):
-            m = self._update_mini_batch(mini, loss_cfg)
+        scales: list[float] = []
+        minis = [mini for _epoch in range(ppo_epochs) for mini in per_epoch]
+        for index, mini in enumerate(self._agree_mini_batches(minis, batch)):
+            if given is not None:
+                scales.append(given[index % len(given)])
+            else:  # a collective under data parallel, like the denominators: every rank runs it per mini-batch
+                groups = _all_reduce_sum(float(mini.group_index.unique().numel()), self.device)
+                scales.append(min(1.0, groups / mini_batch_groups))
+            m = self._update_mini_batch(mini, loss_cfg, lr_scale=scales[-1])
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v
             count += 1
@@ -280,11 +303,12 @@ class PolicyTrainer:
         metrics = {k: v / count for k, v in sums.items()}
         metrics["lr"] = lr_now
         metrics["num_updates"] = float(count)
+        metrics["short_minibatch_scale"] = min(scales, default=1.0)
         for k in ("pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl"):
             metrics[f"{k}_last"] = last.get(k, 0.0)
         return metrics
 
-    def _update_mini_batch(self, mini: PolicyBatch, loss_cfg: LossConfig) -> dict[str, float]:
+    def _update_mini_batch(self, mini: PolicyBatch, loss_cfg: LossConfig, *, lr_scale: float) -> dict[str, float]:
         assert mini.advantages is not None and mini.old_log_probs is not None
         # Global denominators over the whole mini-batch (all micro-batches, all ranks), with the loss mask.
         num_tokens = _all_reduce_sum(float(mini.response_mask.sum()), self.device)
@@ -298,7 +322,7 @@ class PolicyTrainer:
         for index, micro in enumerate(micros):
             mb = self._prepare(micro)
             assert mb.old_log_probs is not None and mb.advantages is not None
-            logits = self._forward_logits(mb)  # (n, T, V)
+            logits = self._sampling_logits(mb)  # (n, T, V), at the rollout temperature like pi_old
             log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
             loss, m = policy_loss(
                 log_probs,
@@ -342,7 +366,8 @@ class PolicyTrainer:
         self._all_reduce_grads()
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip))
         if torch.isfinite(grad_norm):
-            self.optimizer.step()
+            with scaled_lr(self.optimizer, lr_scale):  # < 1 only for a short last mini-batch (see update)
+                self.optimizer.step()
         else:
             logger.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
             self.optimizer.zero_grad(set_to_none=True)

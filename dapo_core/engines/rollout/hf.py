@@ -17,8 +17,8 @@ results are identical unless the tiny floating-point differences of differently 
 near-tied argmax — never observed on the tiny model (the tests check equality), but not a guarantee on other
 hardware or dtypes (bf16 differences are larger).
 
-Log-probs: ``RolloutResult.log_probs`` are ``log_softmax`` of the **raw** logits (temperature 1, no top-k/top-p)
-gathered at the sampled tokens — the quantity the trainer recomputes as ``old_log_probs`` — computed inside the
+Log-probs: ``RolloutResult.log_probs`` are ``log_softmax(logits / temperature)`` (no top-k/top-p) gathered at the
+sampled tokens — the quantity the trainer recomputes as ``old_log_probs`` — computed inside the
 same processor, so memory stays O(B*V) instead of keeping every step's logits.
 
 The model's own ``generation_config`` defaults (repetition penalty, top-k 50, ...) are ignored while
@@ -115,8 +115,10 @@ class SeededSampler(LogitsProcessor):
             chosen = (warped + self._gumbel(step, logits.shape[-1])).argmax(dim=-1)  # (B,)
         self.tokens.append(chosen)
         if self.sampling.return_log_probs:
-            # raw model log-prob (temperature 1, no truncation): comparable with the trainer's old_log_probs
-            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)  # (B,)
+            # log-prob at the sampling temperature, no top-k/top-p truncation: what the trainer recomputes as
+            # old_log_probs (it divides the logits by rollout.temperature too); greedy: the raw logits
+            scaled = logits if self.sampling.greedy else logits / self.sampling.temperature  # (B, V)
+            log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)  # (B,)
             self.log_probs.append(log_probs)
         forced = torch.full_like(logits, float("-inf"))
         return forced.scatter_(-1, chosen[:, None], 0.0)  # (B, V)

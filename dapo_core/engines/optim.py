@@ -1,0 +1,72 @@
+"""The optimizer side of the policy trainer: AdamW settings, the lr schedule, and the short-mini-batch lr scale.
+
+Pure helpers (no model): ``lr_lambda`` feeds ``torch.optim.lr_scheduler.LambdaLR``; ``short_mini_batch_scales``
+and ``scaled_lr`` give a short last mini-batch an optimizer step in proportion to its groups
+(``PolicyTrainer.update``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from dapo_core.engines.batch import PolicyBatch
+
+
+@dataclass
+class OptimConfig:
+    """AdamW + schedule. Warm-up and decay count optimizer-facing rollout steps (one ``update`` call = 1)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    scheduler: str = "constant"  # constant | cosine
+    total_steps: int = 1
+    min_lr_ratio: float = 0.0
+
+
+def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:
+    """Multiplier of the base lr at scheduler step s: linear warm-up to 1, then constant or cosine."""
+    if cfg.scheduler not in ("constant", "cosine"):
+        raise ValueError(f"unknown lr scheduler {cfg.scheduler!r}; valid: constant, cosine")
+
+    def fn(step: int) -> float:
+        if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+            # (s+1)/W rather than s/W: the first update already moves (HF's s/W wastes step 0 at lr 0)
+            return (step + 1) / cfg.warmup_steps
+        if cfg.scheduler == "constant":
+            return 1.0
+        span = max(1, cfg.total_steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def short_mini_batch_scales(batch: PolicyBatch, mini_batch_groups: int) -> list[float]:
+    """The lr multiplier of each mini-batch of ``split_by_groups(batch, mini_batch_groups)``: its group count over
+    ``mini_batch_groups`` (1.0, except for a short last mini-batch). See ``PolicyTrainer.update``."""
+    if mini_batch_groups <= 0:
+        raise ValueError(f"mini_batch_groups must be > 0, got {mini_batch_groups}")
+    groups = int(batch.group_index.unique().numel())
+    return [min(mini_batch_groups, groups - s) / mini_batch_groups for s in range(0, groups, mini_batch_groups)]
+
+
+@contextmanager
+def scaled_lr(optimizer: torch.optim.Optimizer, scale: float) -> Iterator[None]:
+    """Every param group's lr times ``scale`` inside the block, restored after (the scheduler never sees it)."""
+    saved = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = group["lr"] * scale
+    try:
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved, strict=True):
+            group["lr"] = lr
