@@ -18,6 +18,7 @@ from dapo_core.data.synthetic import generate_problems
 from dapo_core.engines.models import load_model
 from dapo_core.engines.sft import (
     WarmStartConfig,
+    evaluate_heldout,
     exclusion_digest,
     heldout_problems,
     normalize_question,
@@ -28,6 +29,7 @@ from dapo_core.engines.sft import (
     warm_start_config_from,
 )
 from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.seeding import derive_seed
 
 SMALL_MODEL = [
     "model.tiny.hidden_size=32",
@@ -126,9 +128,18 @@ def test_sft_lowers_the_loss_and_reports_heldout_metrics(small_run) -> None:
     assert losses[-1] < losses[0] - 0.5, losses  # from ~ln(80)=4.4 down
     assert result.steps == 12 and result.stopped_by == "steps"
     final = result.final_metrics
+    first = result.history[0][1]
+    assert final["sft/token_acc"] > 2 * first["sft/token_acc"], (first, final)  # measured 0.050 -> 0.157
+    # 12 steps teach the format, not yet the arithmetic: every held-out answer is still wrong (measured), so a
+    # scorer or an average that credits a wrong answer shows up as a non-zero here
     for key in ("heldout/acc/greedy", "heldout/acc/mean_at_2", "heldout/acc/pass_at_2"):
-        assert 0.0 <= final[key] <= 1.0
-    assert final["heldout/acc/pass_at_2"] >= final["heldout/acc/mean_at_2"]
+        assert final[key] == 0.0, (key, final[key])
+    # the held-out metrics are those of the saved (trained) model on the documented held-out set: evaluating it
+    # again gives the same numbers (measured: mean length 15.375, a quarter truncated; the untrained model differs)
+    model, tok = load_model(str(result.output_dir)), load_tokenizer(str(result.output_dir))
+    held = heldout_problems(4, seed=3, exclude=["Q: 1+2"])
+    again = evaluate_heldout(model.eval(), tok, held, k=2, seed=derive_seed(3, "heldout_sampling"), max_new_tokens=24)
+    assert again == {k: v for k, v in final.items() if k.startswith("heldout/") and k != "heldout/eval_s"}
     assert 1 <= final["heldout/response_length/mean"] <= 24
     assert logged[-1] == (12, final)  # the callback got the final metrics too
     assert result.num_excluded == 1 + 4  # the caller's exclusion + the held-out set

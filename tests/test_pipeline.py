@@ -77,4 +77,10 @@ def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch):
     key = "val/synthetic/acc/mean_at_2"
     assert metrics[key] == pytest.approx(summary["final_acc"])
     assert by_name["evaluate-tiny-dapo"].data.metrics[key] == pytest.approx(summary["final_acc"])
-    assert 0.0 <= summary["base_acc"] <= 1.0
+    # the base accuracy is the evaluation of the warm-started model (not of the trained one), as logged
+    base_eval = by_name["evaluate-base_model"]
+    assert base_eval.data.tags["eval.model_path"].endswith("outputs/base_model")
+    assert base_eval.data.metrics[key] == pytest.approx(summary["base_acc"])
+    pipeline_metrics = client.get_run(parent).data.metrics
+    assert pipeline_metrics["pipeline/base_acc"] == pytest.approx(summary["base_acc"])
+    assert pipeline_metrics["pipeline/final_acc"] == pytest.approx(summary["final_acc"])

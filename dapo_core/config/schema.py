@@ -339,6 +339,28 @@ class BaseModelStageConfig(_Section):
     micro_batch_size: int = Field(default=64, gt=0, description="Problems per forward/backward micro-batch.")
     min_ops: int = Field(default=1, ge=1, description="Fewest operations of the SFT problems.")
     max_ops: int = Field(default=4, ge=1, description="Most operations of the SFT problems.")
+    num_demos: int | None = Field(
+        default=None,
+        gt=0,
+        description="Demonstrations the warm start may see: a fixed set of this many worked solutions, cycled in "
+        "epochs (null = a fresh problem every step). RL trains on the curated problems (answers only) either way.",
+    )
+    scarce_from_ops: int | None = Field(
+        default=None,
+        ge=1,
+        description="Problems with this many operations or more are scarce: their demonstrations are a fixed set of "
+        "`scarce_demos` worked solutions (null = every operation count has an unlimited supply).",
+    )
+    scarce_demos: int = Field(
+        default=0, ge=0, description="Size of the fixed set of worked solutions of the scarce (hard) problems."
+    )
+    shortcut_frac: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of the demonstrations that show only the answer line (`Answer: N`, no worked lines), as "
+        "web data mixes worked and bare answers: the warm start then answers without working that often.",
+    )
     target_greedy_acc: float | None = Field(
         default=None,
         gt=0,

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import random
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,10 @@ class WarmStartConfig:
     micro_batch_size: int = 64
     min_ops: int = 1
     max_ops: int = 4
+    num_demos: int | None = None
+    scarce_from_ops: int | None = None
+    scarce_demos: int = 0
+    shortcut_frac: float = 0.0
     target_greedy_acc: float | None = None
     check_every: int = 100
     check_from: int = 0
@@ -187,15 +192,102 @@ def heldout_problems(
     return out
 
 
+def demonstration_set(
+    n: int, *, seed: int, exclude: Collection[str] = (), min_ops: int = 1, max_ops: int = 4
+) -> list[SyntheticProblem]:
+    """The fixed set of ``n`` distinct demonstrations (worked solutions) a limited warm start may see: the first
+    ``n`` distinct problems of the ``sft`` stream outside ``exclude``."""
+    return heldout_problems(n, seed=seed, exclude=exclude, min_ops=min_ops, max_ops=max_ops, stream="sft")
+
+
+def _epochs(pool: Sequence[SyntheticProblem], seed: int) -> Iterator[SyntheticProblem]:
+    """The pool again and again, each epoch in its own seeded order."""
+    epoch = 0
+    while True:
+        order = list(pool)
+        random.Random(derive_seed(seed, "sft_epoch", epoch)).shuffle(order)
+        yield from order
+        epoch += 1
+
+
+def _with_scarce(
+    source: Iterator[SyntheticProblem],
+    from_ops: int,
+    count: int,
+    *,
+    seed: int,
+    exclude: Collection[str],
+    max_ops: int,
+) -> Iterator[SyntheticProblem]:
+    """``source`` with each problem of ``from_ops`` or more operations swapped for the next of a fixed pool."""
+    if from_ops > max_ops:
+        raise ValueError(f"scarce_from_ops ({from_ops}) must be <= max_ops ({max_ops}): no problem would be scarce")
+    if count < 1:
+        raise ValueError(
+            f"scarce_demos ({count}) must be >= 1 worked solutions of problems with >= {from_ops} operations "
+            "(to show none, lower max_ops instead)"
+        )
+    pool = heldout_problems(count, seed=seed, exclude=exclude, min_ops=from_ops, max_ops=max_ops, stream="sft_scarce")
+    scarce = _epochs(pool, derive_seed(seed, "scarce"))
+    for p in source:
+        yield next(scarce) if p.num_ops >= from_ops else p
+
+
+def shortcut_demo(problem: SyntheticProblem) -> SyntheticProblem:
+    """The same problem demonstrated without its work: the response is the answer line alone."""
+    return replace(problem, solution=problem.solution.splitlines()[-1])
+
+
+def _with_shortcuts(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+    """``source`` with a seeded share ``frac`` of its problems turned into shortcut demonstrations."""
+    if not 0.0 <= frac < 1.0:
+        raise ValueError(
+            f"shortcut_frac ({frac}) must be in [0, 1): the share of demonstrations that show only the answer line "
+            "(0 = every demonstration is worked out)"
+        )
+    rng = random.Random(derive_seed(seed, "shortcut"))
+    for p in source:
+        yield shortcut_demo(p) if rng.random() < frac else p
+
+
 def sft_batches(
-    batch_size: int, *, seed: int, exclude: Collection[str] = (), min_ops: int = 1, max_ops: int = 4
+    batch_size: int,
+    *,
+    seed: int,
+    exclude: Collection[str] = (),
+    min_ops: int = 1,
+    max_ops: int = 4,
+    num_demos: int | None = None,
+    scarce_from_ops: int | None = None,
+    scarce_demos: int = 0,
+    shortcut_frac: float = 0.0,
 ) -> Iterator[list[SyntheticProblem]]:
-    """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear."""
-    banned = {normalize_question(q) for q in exclude}
+    """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
+
+    ``num_demos`` None: a fresh problem every time (an unlimited supply of demonstrations). ``num_demos`` N: the
+    fixed ``demonstration_set`` of N problems, cycled in seeded epochs (a limited supply, as in the paper's
+    setting where RL has problems and a verifier but no worked solutions).
+
+    ``scarce_from_ops`` K: every problem with K or more operations is replaced by the next of a fixed set of
+    ``scarce_demos`` such problems (cycled in seeded epochs): the hard part of the task has only a few worked
+    solutions, seen as often as the rest of the range, while the easier part has an unlimited supply.
+
+    ``shortcut_frac`` f: a seeded share f of the demonstrations show only the answer line (``Answer: N``), with
+    no worked lines (see ``shortcut_demo``)."""
+    if num_demos is not None:
+        if num_demos < 1:
+            raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
+        pool = demonstration_set(num_demos, seed=seed, exclude=exclude, min_ops=min_ops, max_ops=max_ops)
+        source: Iterator[SyntheticProblem] = _epochs(pool, seed)
+    else:
+        banned = {normalize_question(q) for q in exclude}
+        source = (p for p in _stream(seed, "sft", min_ops, max_ops) if p.question not in banned)
+    if scarce_from_ops is not None:
+        source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
+    if shortcut_frac > 0:
+        source = _with_shortcuts(source, shortcut_frac, seed=seed)
     batch: list[SyntheticProblem] = []
-    for p in _stream(seed, "sft", min_ops, max_ops):
-        if p.question in banned:
-            continue
+    for p in source:
         batch.append(p)
         if len(batch) == batch_size:
             yield batch
@@ -387,7 +479,10 @@ def run_warm_start(
         scheduler="cosine", total_steps=ws.steps, min_lr_ratio=ws.min_lr_ratio,
     )  # fmt: skip
     trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
-    batches = sft_batches(ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops)
+    batches = sft_batches(
+        ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, num_demos=ws.num_demos,
+        scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos, shortcut_frac=ws.shortcut_frac,
+    )  # fmt: skip
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 
     def probe() -> float:

@@ -1,0 +1,130 @@
+"""The supervised control of the learning claim: continue the warm start for the wall time RL was given.
+
+RL must beat this to matter (``shared/notes/tiny-rl-feasibility.md``): the same base model, the same time, spent
+on more supervised training instead of DAPO. The control sees exactly the demonstrations the warm start had —
+it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
+task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
+at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up.
+
+    result = continue_warm_start(cfg, ws, "outputs/base_model", time_budget_s=180, exclude=curated_questions)
+    result.model  # evaluate it like any policy
+
+Deterministic for a step budget (``max_steps``); a time budget (the fair match for a measured RL run) stops on
+the clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from dapo_core.config import DapoConfig
+from dapo_core.engines.batch import build_policy_batch
+from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
+from dapo_core.engines.sft import (
+    WarmStartConfig,
+    heldout_problems,
+    normalize_question,
+    prompt_ids,
+    response_ids,
+    sft_batches,
+)
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+
+logger = logging.getLogger(__name__)
+
+CONTROL_WARMUP_STEPS = 10  # a fresh AdamW state: its first steps move every weight by ~lr (sign-like)
+
+
+@dataclass
+class ControlResult:
+    """What the control did: steps, wall time, the last SFT loss, the trained model (and where it was saved)."""
+
+    steps: int
+    wall_s: float
+    final_loss: float
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    output_dir: Path | None = None
+
+
+def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[str]:
+    """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the same
+    sets ``run_warm_start`` builds), so the control draws the same stream of demonstrations."""
+    banned = {normalize_question(q) for q in exclude}
+    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
+    banned |= {p.question for p in heldout}
+    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:
+        probe = heldout_problems(
+            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+        )
+        banned |= {p.question for p in probe}
+    return banned
+
+
+def continue_warm_start(
+    cfg: DapoConfig,
+    ws: WarmStartConfig,
+    base_dir: str | Path,
+    *,
+    time_budget_s: float | None = None,
+    max_steps: int | None = None,
+    skip_steps: int | None = None,
+    exclude: Collection[str] = (),
+    output_dir: str | Path | None = None,
+) -> ControlResult:
+    """Continue supervised training of the model in ``base_dir`` on the warm start's demonstrations.
+
+    ``skip_steps``: batches of the stream the warm start already used (default ``ws.steps``). Stops after
+    ``max_steps`` or ``time_budget_s`` seconds, whichever comes first (one of them is required).
+    """
+    if time_budget_s is None and max_steps is None:
+        raise ValueError("continue_warm_start needs a budget: time_budget_s (seconds) or max_steps (SFT steps)")
+    if time_budget_s is not None and time_budget_s <= 0:
+        raise ValueError(f"time_budget_s ({time_budget_s}) must be > 0 seconds")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps ({max_steps}) must be >= 1")
+    start = time.perf_counter()
+    device = resolve_device(cfg.trainer.device)
+    model = load_model(str(base_dir), dtype=cfg.model.dtype, device=device)
+    tokenizer = load_tokenizer(str(base_dir))
+    lr = ws.lr * ws.min_lr_ratio if ws.min_lr_ratio > 0 else ws.lr * 0.1
+    optim = OptimConfig(
+        lr=lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=CONTROL_WARMUP_STEPS,
+        scheduler="constant", total_steps=max_steps or 1,
+    )  # fmt: skip
+    trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
+    banned = warm_start_exclusions(ws, exclude)
+    stream = sft_batches(
+        ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops,
+        num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
+        shortcut_frac=ws.shortcut_frac,
+    )  # fmt: skip
+    batches = itertools.islice(stream, ws.steps if skip_steps is None else skip_steps, None)
+    pad_id = int(tokenizer.pad_token_id)
+    steps, loss = 0, float("nan")
+    t0 = time.perf_counter()
+    for problems in batches:
+        if max_steps is not None and steps >= max_steps:
+            break
+        if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
+            break
+        batch = build_policy_batch(
+            [prompt_ids(tokenizer, p.question) for p in problems],
+            [response_ids(tokenizer, p.solution) for p in problems],
+            pad_token_id=pad_id,
+        )  # (B, P+T)
+        loss = trainer.sft_step(batch)["loss"]
+        steps += 1
+    model.eval()
+    saved = save_hf_dir(model, tokenizer, output_dir) if output_dir is not None else None
+    wall = time.perf_counter() - start
+    logger.info("supervised control: %d steps at lr %g in %.1f s (loss %.4f)", steps, lr, wall, loss)
+    return ControlResult(steps=steps, wall_s=wall, final_loss=loss, model=model, tokenizer=tokenizer, output_dir=saved)

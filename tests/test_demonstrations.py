@@ -1,0 +1,94 @@
+"""Which demonstrations the warm start sees: an unlimited stream, a fixed set, or a scarce hard part."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dapo_core.config import load_config
+from dapo_core.engines.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
+from dapo_core.engines.sft_control import continue_warm_start, warm_start_exclusions
+
+
+def _questions(batches, n_batches):
+    return [p for batch in itertools.islice(batches, n_batches) for p in batch]
+
+
+def test_fixed_demonstration_set_is_cycled_in_new_orders():
+    seen = _questions(sft_batches(10, seed=3, num_demos=20), 6)  # 60 problems = 3 epochs of 20
+    epochs = [seen[i : i + 20] for i in range(0, 60, 20)]
+    assert {p.question for p in epochs[0]} == {p.question for p in demonstration_set(20, seed=3)}
+    assert all({p.question for p in e} == {p.question for p in epochs[0]} for e in epochs)
+    assert [p.question for p in epochs[0]] != [p.question for p in epochs[1]]  # reshuffled each epoch
+
+
+def test_fixed_demonstration_set_honours_exclusions():
+    first = demonstration_set(30, seed=3)
+    banned = [first[0].question, first[5].question]
+    again = demonstration_set(30, seed=3, exclude=banned)
+    assert not {q for q in banned} & {p.question for p in again}
+    assert len({p.question for p in again}) == 30
+
+
+def test_scarce_part_repeats_a_fixed_pool_and_keeps_the_mix():
+    stream = _questions(sft_batches(50, seed=4, scarce_from_ops=4, scarce_demos=7), 40)  # 2,000 problems
+    hard = [p for p in stream if p.num_ops >= 4]
+    assert len({p.question for p in hard}) == 7  # only the 7 worked solutions of 4-operation problems
+    assert 0.2 < len(hard) / len(stream) < 0.3  # seen as often as each other operation count (uniform 1-4)
+    easy = [p for p in stream if p.num_ops < 4]
+    assert len({p.question for p in easy}) > 0.95 * len(easy)  # the easy part stays an unlimited supply
+
+
+def test_scarce_settings_are_checked():
+    with pytest.raises(ValueError, match=r"scarce_from_ops \(5\) must be <= max_ops \(4\)"):
+        next(sft_batches(4, seed=1, scarce_from_ops=5, scarce_demos=3))
+    with pytest.raises(ValueError, match=r"scarce_demos \(0\) must be >= 1"):
+        next(sft_batches(4, seed=1, scarce_from_ops=4, scarce_demos=0))
+    with pytest.raises(ValueError, match=r"num_demos \(0\) must be >= 1"):
+        next(sft_batches(4, seed=1, num_demos=0))
+
+
+def test_config_carries_the_demonstration_knobs():
+    cfg = load_config(recipe="tiny-dapo", overrides=["base_model.scarce_from_ops=3", "base_model.scarce_demos=9"])
+    assert (cfg.base_model.scarce_from_ops, cfg.base_model.scarce_demos) == (3, 9)
+
+
+def test_control_trains_on_from_the_base_model(tmp_path):
+    """The control starts from the saved base, takes its step budget, and saves a model that differs from it."""
+    from safetensors.torch import load_file
+
+    cfg = load_config(
+        recipe="tiny-dapo",
+        overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
+    )
+    ws = WarmStartConfig(
+        steps=3, batch_size=8, micro_batch_size=8, heldout_size=2, heldout_k=1, scarce_from_ops=4, scarce_demos=2
+    )
+    base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
+    assert base.output_dir is not None
+    result = continue_warm_start(cfg, ws, base.output_dir, max_steps=2, output_dir=tmp_path / "control")
+    assert result.steps == 2 and result.final_loss > 0
+    before = load_file(str(tmp_path / "base" / "model.safetensors"))
+    after = load_file(str(tmp_path / "control" / "model.safetensors"))
+    assert before.keys() == after.keys()
+    assert any(not (before[k] == after[k]).all() for k in before)
+    # the exclusions it rebuilds are the warm start's: its held-out problems are among them
+    assert len(warm_start_exclusions(ws, ["1+2"])) == 1 + ws.heldout_size
+    with pytest.raises(ValueError, match="needs a budget"):
+        continue_warm_start(cfg, ws, base.output_dir)
+
+
+def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():
+    stream = _questions(sft_batches(50, seed=6, shortcut_frac=0.5), 40)  # 2,000 problems
+    bare = [p for p in stream if "\n" not in p.solution]
+    assert 0.45 < len(bare) / len(stream) < 0.55
+    assert all(p.solution == f"Answer: {p.answer}" for p in bare)
+    worked = [p for p in stream if "\n" in p.solution]
+    assert all(len(p.solution.splitlines()) == p.num_ops + 1 for p in worked)
+    # same seed, same stream: the warm start and its supervised control see the same demonstrations
+    assert [p.solution for p in _questions(sft_batches(50, seed=6, shortcut_frac=0.5), 40)] == [
+        p.solution for p in stream
+    ]
+    with pytest.raises(ValueError, match=r"shortcut_frac \(1.0\) must be in \[0, 1\)"):
+        next(sft_batches(4, seed=1, shortcut_frac=1.0))
