@@ -88,13 +88,14 @@ def config_recipes() -> None:
 
 def _register_commands() -> None:
     """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
-    from flows import cli_base, cli_data, cli_eval, cli_pipeline, cli_train
+    from flows import cli_ablation, cli_base, cli_data, cli_eval, cli_pipeline, cli_train
 
     cli_data.register(app)
     cli_base.register(app)
     cli_train.register(app)
     cli_eval.register(app)
     cli_pipeline.register(app)
+    cli_ablation.register(app)
 
 
 _register_commands()

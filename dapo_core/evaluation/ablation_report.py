@@ -1,0 +1,327 @@
+"""The ablation report (DAPO Table 1 in miniature): results dict -> ``ablation.json``, ``ablation.md``, ``ablation.png``.
+
+Pure: plain data in, files out (no MLflow). ``dapo ablation`` (flows/ablation.py) builds the results:
+
+    results = {"regimes": {"tuned": {"lr": 1e-4, "rungs": [summarize_rung("grpo", per_seed), ...]}},
+               "base_acc": 0.19, "k": 8, "steps": 24}
+    paths = write_report(results, "benchmarks/results")
+
+A rung's entry: ``name``, ``paper_aime``, ``mean`` / ``std`` (over seeds; std null for one seed), ``seeds`` (the
+held-out avg@k of each seed), ``seed_ids``, ``wall_s`` (mean per seed; ``wall_s_seeds`` each), ``curve`` ([[step, mean val acc]]) and
+the evidence means (``dapo_core.config.ablation.EVIDENCE_KEYS``; null when a run did not log one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dapo_core.config.ablation import EVIDENCE_KEYS, PAPER_AIME, SFT_CONTROL
+
+JSON_NAME, MD_NAME, PNG_NAME = "ablation.json", "ablation.md", "ablation.png"
+NOISE_SIGMAS = 2.0  # a difference counts when mean - 2 std of the per-seed differences is above 0
+TIE = 1e-9  # accuracies closer than this are equal (avg@k of the same problems is a ratio of small integers)
+TRUNCATION_MIN = 0.01  # response_length/clip_ratio above this counts as truncation worth naming
+EVIDENCE_LABELS = {
+    "actor/pg_clipfrac_high": "clip hi",
+    "actor/pg_clipfrac_low": "clip lo",
+    "response_length/clip_ratio": "trunc",
+    "train/kept_groups_frac": "kept",
+    "actor/entropy": "entropy",
+    "response_length/mean": "len",
+}
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    json: Path
+    md: Path
+    png: Path
+
+
+@dataclass(frozen=True)
+class PairedDiff:
+    """``a - b`` per shared seed: mean, sample std (None for one seed) and mean - 2 std (None for one seed)."""
+
+    diffs: list[float]
+    mean: float
+    std: float | None
+    lower: float | None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    got = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(got) / len(got) if got else None
+
+
+def _std(values: Sequence[float]) -> float | None:
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+def mean_curve(curves: Sequence[Sequence[Sequence[float]]]) -> list[list[float]]:
+    """Mean over seeds of ``[[step, value], ...]`` curves, at the steps every seed has."""
+    if not curves:
+        return []
+    maps = [{int(s): float(v) for s, v in c} for c in curves]
+    steps = sorted(set.intersection(*(set(m) for m in maps)))
+    return [[step, sum(m[step] for m in maps) / len(maps)] for step in steps]
+
+
+def summarize_rung(name: str, per_seed: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One rung's entry from its per-seed records ``{"seed", "acc", "wall_s", "curve", <evidence keys>...}``."""
+    if not per_seed:
+        raise ValueError(f"rung {name!r} has no seed results: every rung needs at least one run")
+    accs = [float(r["acc"]) for r in per_seed]
+    entry: dict[str, Any] = {
+        "name": name,
+        "paper_aime": PAPER_AIME.get(name),
+        "mean": sum(accs) / len(accs),
+        "std": _std(accs),
+        "seeds": accs,
+        "seed_ids": [int(r["seed"]) for r in per_seed],
+        "wall_s": _mean([r.get("wall_s") for r in per_seed]),
+        "wall_s_seeds": [r.get("wall_s") for r in per_seed],
+        "curve": mean_curve([r["curve"] for r in per_seed if r.get("curve")]),
+    }
+    for key in EVIDENCE_KEYS:
+        entry[key] = _mean([r.get(key) for r in per_seed])
+    for key in sorted({k for r in per_seed for k in r} - set(entry) - {"acc", "seed", "curve"}):
+        entry[key] = [r.get(key) for r in per_seed]  # anything else (run ids, budgets): one value per seed
+    return entry
+
+
+def paired_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> PairedDiff | None:
+    """``a - b`` on the seeds both rungs ran (paired: same seed, same data order); None when none is shared."""
+    sa = dict(zip(a["seed_ids"], a["seeds"], strict=True))
+    sb = dict(zip(b["seed_ids"], b["seeds"], strict=True))
+    shared = [s for s in sa if s in sb]
+    if not shared:
+        return None
+    diffs = [float(sa[s]) - float(sb[s]) for s in shared]
+    mean = sum(diffs) / len(diffs)
+    std = _std(diffs)
+    return PairedDiff(diffs, mean, std, None if std is None else mean - NOISE_SIGMAS * std)
+
+
+# ------------------------------------------------------------------------------------------------ markdown
+def _rungs(regime: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {r["name"]: r for r in regime["rungs"]}
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _evidence_cell(key: str, value: float | None) -> str:
+    if key in ("actor/entropy",):
+        return _fmt(value)
+    if key == "response_length/mean":
+        return _fmt(value, ".1f")
+    return _pct(value)
+
+
+def _table(regime: Mapping[str, Any]) -> list[str]:
+    head = ["rung", "paper AIME", "mean ± std", "seeds", "wall s", *(EVIDENCE_LABELS[k] for k in EVIDENCE_KEYS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in regime["rungs"]:
+        paper = "–" if r.get("paper_aime") is None else f"{r['paper_aime']:.0f}"
+        spread = f"{r['mean']:.3f} ± {_fmt(r['std'])}"
+        seeds = ", ".join(f"{v:.3f}" for v in r["seeds"])
+        cells = [r["name"], paper, spread, seeds, _fmt(r.get("wall_s"), ".0f")]
+        cells += [_evidence_cell(k, r.get(k)) for k in EVIDENCE_KEYS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def difference_line(label: str, d: PairedDiff | None) -> str:
+    """``DAPO − GRPO: +0.050 (per seed +0.04, +0.06; mean − 2·std = +0.030 > 0: beyond seed noise)``."""
+    if d is None:
+        return f"**{label}**: no seed ran both rungs, nothing to compare."
+    per_seed = ", ".join(f"{x:+.3f}" for x in d.diffs)
+    if d.std is None or d.lower is None:
+        verdict = "one seed: no spread to judge seed noise by"
+    elif d.lower > 0:
+        verdict = f"mean − 2·std = {d.lower:+.3f} > 0: better beyond seed noise"
+    elif d.mean + NOISE_SIGMAS * d.std < 0:
+        verdict = f"mean + 2·std = {d.mean + NOISE_SIGMAS * d.std:+.3f} < 0: worse beyond seed noise"
+    else:
+        verdict = f"mean − 2·std = {d.lower:+.3f} ≤ 0: within seed noise"
+    return f"**{label}**: {d.mean:+.3f} held-out avg@k (per seed {per_seed}; {verdict})."
+
+
+def findings(results: Mapping[str, Any]) -> list[str]:
+    """What the curves and the evidence show, generated from the numbers (one line each, no placeholders)."""
+    out: list[str] = []
+    for name, regime in results["regimes"].items():
+        rungs = _rungs(regime)
+        ladder = [r for r in regime["rungs"] if r["name"] != SFT_CONTROL]
+        top = max(r["mean"] for r in ladder)
+        best = [r["name"] for r in ladder if math.isclose(r["mean"], top, abs_tol=TIE)]
+        drops = [
+            f"{b['name']} ({b['mean'] - a['mean']:+.3f})"
+            for a, b in itertools.pairwise(ladder)
+            if b["mean"] < a["mean"] - TIE
+        ]
+        order = (
+            "every technique kept or raised the mean"
+            if not drops
+            else "lower than the rung before: " + ", ".join(drops)
+        )
+        lead = f"best rung {best[0]}" if len(best) == 1 else f"tied best ({len(best)} rungs): {', '.join(best)}"
+        out.append(f"{name}: {lead} ({top:.3f}); {order}.")
+        trunc = [(r["name"], r.get("response_length/clip_ratio")) for r in ladder]
+        hit = [f"{n} {_pct(v)}" for n, v in trunc if v is not None and v > TRUNCATION_MIN]
+        if hit:
+            out.append(f"{name}: truncation at max_response_length (response_length/clip_ratio): {', '.join(hit)}.")
+        elif any(v is not None for _, v in trunc):
+            out.append(
+                f"{name}: no rung truncated more than {_pct(TRUNCATION_MIN)} of its responses: the overlong "
+                "techniques had little to act on at this response length."
+            )
+        sym = _mean([rungs[n].get("actor/pg_clipfrac_high") for n in ("grpo", "overlong-filtering") if n in rungs])
+        dec = _mean(
+            [r.get("actor/pg_clipfrac_high") for r in ladder if r["name"] not in ("grpo", "overlong-filtering")]
+        )
+        if sym is not None and dec is not None:
+            out.append(
+                f"{name}: upper-clip fraction (actor/pg_clipfrac_high) {_pct(sym)} with eps_high = eps_low vs "
+                f"{_pct(dec)} from clip-higher on."
+            )
+        kept = rungs.get("dapo", {}).get("train/kept_groups_frac")
+        if kept is not None:
+            out.append(
+                f"{name}: dynamic sampling kept {_pct(kept)} of generated groups (the rest had zero reward variance)."
+            )
+        ent = [(r["name"], r.get("actor/entropy")) for r in ladder if r.get("actor/entropy") is not None]
+        if len(ent) >= 2:
+            lo, hi = min(ent, key=lambda x: x[1]), max(ent, key=lambda x: x[1])
+            if math.isclose(lo[1], hi[1], rel_tol=1e-3, abs_tol=TIE):
+                out.append(f"{name}: entropy about equal on every rung ({hi[1]:.3f}).")
+            else:
+                out.append(f"{name}: entropy lowest at {lo[0]} ({lo[1]:.3f}), highest at {hi[0]} ({hi[1]:.3f}).")
+        fell = [f"{r['name']} ({r['curve'][0][1]:.3f} → {r['curve'][-1][1]:.3f})" for r in ladder
+                if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] < r["curve"][0][1]]  # fmt: skip
+        rose = [r["name"] for r in ladder if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] > r["curve"][0][1]]
+        if fell:
+            out.append(f"{name}: validation accuracy ended below its step-0 value for {', '.join(fell)}.")
+        if rose:
+            out.append(f"{name}: validation accuracy ended above its step-0 value for {', '.join(rose)}.")
+    names = list(results["regimes"])
+    if len(names) >= 2:
+        a, b = (_rungs(results["regimes"][n]) for n in names[:2])
+        deltas = [f"{n} {b[n]['mean'] - a[n]['mean']:+.3f}" for n in a if n in b]
+        out.append(f"{names[1]} − {names[0]} per rung: {', '.join(deltas)}.")
+    return out
+
+
+def render_markdown(results: Mapping[str, Any]) -> str:
+    """The report: per regime a table and the DAPO − GRPO / DAPO − sft-control lines, then the findings."""
+    k = results.get("k")
+    lines = [
+        "# DAPO ablation (Table 1 in miniature)",
+        "",
+        f"Held-out avg@{k if k is not None else 'k'} on problems never trained on (one fixed evaluation seed); "
+        "paper: AIME 2024 avg@32 of Qwen2.5-32B (Table 1), shown for the shape of the ladder, not the scale.",
+    ]
+    meta = [f"{key} {results[key]}" for key in ("recipe", "steps", "date") if results.get(key) is not None]
+    if results.get("base_acc") is not None:
+        meta.append(f"base model {results['base_acc']:.3f}")
+    if meta:
+        lines += ["", "; ".join(meta) + "."]
+    legend = ", ".join(f"{v} = {k}" for k, v in EVIDENCE_LABELS.items())
+    for name, regime in results["regimes"].items():
+        rungs = _rungs(regime)
+        lines += ["", f"## {name} (lr {regime['lr']:g})", "", *_table(regime), ""]
+        if "dapo" in rungs and "grpo" in rungs:
+            lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"])))
+        if "dapo" in rungs and SFT_CONTROL in rungs:
+            diff = paired_difference(rungs["dapo"], rungs[SFT_CONTROL])
+            lines.append("- " + difference_line("DAPO − sft-control (same time, supervised)", diff))
+    lines += [
+        "",
+        f"Evidence columns: means over each run of {legend}. Curves (ablation.png): each training run's own "
+        "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator. "
+        "sft-control: the base model given the dapo rung's training time (its summed timing_s/step, same seed) of "
+        "continued supervised training.",
+        "",
+        "## What the curves show",
+        "",
+    ]
+    lines += [f"- {line}" for line in findings(results)]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ plot
+def plot_ablation(results: Mapping[str, Any], out_path: str | Path) -> Path:
+    """Validation accuracy vs step: one panel per regime, one line per rung (mean over seeds), the control and the
+    base model as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    regimes = results["regimes"]
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.5), squeeze=False, sharey=True)
+    for ax, (name, regime) in zip(axes.flat, regimes.items(), strict=True):
+        for r in regime["rungs"]:
+            if r["name"] == SFT_CONTROL:
+                ax.axhline(r["mean"], color="black", linestyle="--", label=f"{SFT_CONTROL} (final model, same time)")
+            elif r.get("curve"):
+                steps, values = zip(*r["curve"], strict=True)
+                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=r["name"])
+        if results.get("base_acc") is not None:
+            ax.axhline(results["base_acc"], color="grey", linestyle=":", label="base model")
+        ax.set_title(f"{name} (lr {regime['lr']:g})")
+        ax.set_xlabel("train/step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes.flat[0].set_ylabel("validation avg@k during training (mean over seeds)")
+    fig.suptitle("DAPO ablation ladder")
+    fig.tight_layout()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ files
+def check_results(results: Mapping[str, Any]) -> None:
+    """ValueError naming the first missing piece of the ``{"regimes": {name: {"lr", "rungs": [...]}}}`` schema."""
+    regimes = results.get("regimes")
+    if not isinstance(regimes, Mapping) or not regimes:
+        raise ValueError("ablation results need a non-empty 'regimes' mapping: {'regimes': {name: {'lr', 'rungs'}}}")
+    for name, regime in regimes.items():
+        if "lr" not in regime or not regime.get("rungs"):
+            raise ValueError(f"ablation results: regime {name!r} needs 'lr' and a non-empty 'rungs' list")
+        for i, r in enumerate(regime["rungs"]):
+            missing = [k for k in ("name", "mean", "std", "seeds", "wall_s") if k not in r]
+            if missing:
+                raise ValueError(
+                    f"ablation results: regime {name!r} rung #{i} ({r.get('name', '?')}) lacks {missing}; "
+                    "build rungs with summarize_rung()"
+                )
+
+
+def write_report(results: Mapping[str, Any], out_dir: str | Path) -> ReportPaths:
+    """``ablation.json``, ``ablation.md`` and ``ablation.png`` under ``out_dir`` (created)."""
+    check_results(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    js = out / JSON_NAME
+    js.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    md = out / MD_NAME
+    md.write_text(render_markdown(results), encoding="utf-8")
+    return ReportPaths(json=js, md=md, png=plot_ablation(results, out / PNG_NAME))

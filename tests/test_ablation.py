@@ -1,0 +1,296 @@
+"""`dapo ablation`: the ladder (cumulative, one technique per rung, ending at the recipe), the report writer on
+synthetic results, and one quick end-to-end run through the CLI with a tiny model (Prefect harness, MLflow SQLite)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+
+import pytest
+
+from dapo_core.config import load_config
+from dapo_core.config.ablation import (
+    ALL_RUNGS,
+    EVIDENCE_KEYS,
+    LADDER_KEYS,
+    PAPER_AIME,
+    RUNG_NAMES,
+    SFT_CONTROL,
+    build_ladder,
+    build_regimes,
+    curve_test_freq,
+    parse_regimes,
+    recipe_settings,
+    run_overrides,
+)
+from dapo_core.evaluation.ablation_report import (
+    check_results,
+    paired_difference,
+    render_markdown,
+    summarize_rung,
+    write_report,
+)
+
+DAPO_RECIPES = ("tiny-dapo", "dapo-qwen2.5-32b")
+
+
+# ------------------------------------------------------------------------------------------------ the ladder
+@pytest.mark.parametrize("recipe", DAPO_RECIPES)
+def test_each_rung_adds_exactly_its_technique(recipe):
+    ladder = build_ladder(load_config(recipe=recipe, env={}))
+    assert [r.name for r in ladder] == list(RUNG_NAMES)
+    for prev, rung in itertools.pairwise(ladder):
+        changed = {k for k in LADDER_KEYS if prev.settings[k] != rung.settings[k]}
+        assert changed == set(rung.keys), rung.name
+        assert set(rung.overrides()) - set(prev.overrides()) == {f"{k}={_yaml(rung.settings[k])}" for k in changed}
+
+
+@pytest.mark.parametrize("recipe", DAPO_RECIPES)
+def test_the_ladder_is_cumulative(recipe):
+    """A technique, once added, stays until a later rung's technique turns the same key (soft-overlong turns
+    filtering back to the recipe's value)."""
+    ladder = build_ladder(load_config(recipe=recipe, env={}))
+    for j, added in enumerate(ladder):
+        for i in range(j + 1, len(ladder)):
+            later_keys = {k for r in ladder[j + 1 : i + 1] for k in r.keys}
+            for key in set(added.keys) - later_keys:
+                assert ladder[i].settings[key] == added.settings[key], (added.name, ladder[i].name, key)
+
+
+@pytest.mark.parametrize("recipe", DAPO_RECIPES)
+def test_the_last_rung_is_the_recipe_and_the_first_is_grpo(recipe):
+    cfg = load_config(recipe=recipe, env={})
+    ladder = build_ladder(cfg)
+    dapo = load_config(recipe=recipe, overrides=ladder[-1].overrides(), env={})
+    assert dapo.algorithm == cfg.algorithm  # every algorithm key, not only the ladder's
+    assert dapo.data == cfg.data
+    grpo = load_config(recipe=recipe, overrides=ladder[0].overrides(), env={})
+    assert grpo.algorithm.clip_high == grpo.algorithm.clip_low
+    assert grpo.algorithm.loss_agg == "seq-mean-token-mean"
+    assert not grpo.algorithm.dynamic_sampling.enable and grpo.data.gen_batch_size == grpo.data.train_batch_size
+    assert not grpo.algorithm.overlong.shaping and not grpo.algorithm.overlong.filtering
+    for rung in ladder:  # every rung is a valid config of its own
+        assert recipe_settings(load_config(recipe=recipe, overrides=rung.overrides(), env={})) == rung.settings
+
+
+def test_tiny_grpo_recipe_is_the_first_rung_of_tiny_dapo():
+    grpo = load_config(
+        recipe="tiny-dapo", overrides=build_ladder(load_config(recipe="tiny-dapo", env={}))[0].overrides(), env={}
+    )
+    assert grpo.algorithm == load_config(recipe="tiny-grpo", env={}).algorithm
+
+
+def test_a_recipe_without_dapos_techniques_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"clip_high \(0.2\) must be > algorithm.clip_low") as err:
+        build_ladder(load_config(recipe="tiny-grpo", env={}))
+    assert "dynamic_sampling.enable" in str(err.value) and "--recipe tiny-dapo" in str(err.value)
+
+
+def test_regimes_lrs_and_run_overrides():
+    cfg = load_config(recipe="tiny-dapo", env={})
+    tuned, aggressive = build_regimes(cfg, "tuned,aggressive")
+    assert tuned.lr == cfg.trainer.lr and aggressive.lr == pytest.approx(10 * cfg.trainer.lr)
+    assert [r.lr for r in build_regimes(cfg, ["aggressive"], aggressive_lr=3e-3)] == [3e-3]
+    assert parse_regimes(" aggressive , tuned,tuned") == ["aggressive", "tuned"]
+    with pytest.raises(ValueError, match="valid: tuned, aggressive"):
+        parse_regimes("tuned,bogus")
+    with pytest.raises(ValueError, match="--tuned-lr"):
+        build_regimes(cfg, "tuned", tuned_lr=0.0)
+    assert [curve_test_freq(n) for n in (1, 2, 7, 8, 24)] == [1, 1, 7, 2, 6]
+    with pytest.raises(ValueError, match="--steps"):
+        curve_test_freq(0)
+    sets = run_overrides(
+        ["trainer.lr=9", "trainer.save_freq=3"], build_ladder(cfg)[2], aggressive, 3, 24, model_path="m"
+    )
+    run = load_config(recipe="tiny-dapo", overrides=sets, env={})
+    assert run.trainer.lr == aggressive.lr and run.trainer.seed == 3 and run.trainer.total_steps == 24
+    assert run.tracking.run_name == "ablation-aggressive-clip-higher-s3" and run.model.path == "m"
+    assert run.trainer.test_freq == 6 and run.trainer.val_before_train
+    assert run.trainer.save_freq == 3  # the user's come first: the ablation's own keys (lr) win
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--regimes", "tuned,bogus"], "valid: tuned, aggressive"),
+        (["--recipe", "tiny-grpo"], "must be a DAPO recipe"),
+        (["--steps", "0"], "must be >= 1"),
+        (["--seeds", "0"], "--seeds (0) must be >= 1"),
+        (["--aggressive-lr", "-1"], "--aggressive-lr (-1.0) must be a learning rate > 0"),
+    ],
+)
+def test_cli_rejects_a_bad_plan_before_any_work(args, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, ["ablation", *args])
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
+def _yaml(value):
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+# ------------------------------------------------------------------------------------------------ the report
+GRPO_ACC = {1: 0.30, 2: 0.35, 3: 0.45}
+DAPO_ACC = {1: 0.50, 2: 0.60, 3: 0.70}
+
+
+def _records(name: str, offset: float) -> list[dict]:
+    out = []
+    for seed in (1, 2, 3):
+        acc = {"grpo": GRPO_ACC, "dapo": DAPO_ACC}.get(name, {s: 0.4 + offset for s in (1, 2, 3)})[seed]
+        rec = {"seed": seed, "acc": acc, "wall_s": 10.0 + seed, "run_id": f"{name}{seed}"}
+        if name != SFT_CONTROL:
+            rec["curve"] = [[0, 0.2], [4, 0.2 + offset], [8, acc]]
+            rec.update({k: 0.1 * (1 + RUNG_NAMES.index(name)) for k in EVIDENCE_KEYS})
+            rec["response_length/clip_ratio"] = 0.2 if name == "grpo" else 0.0
+        out.append(rec)
+    return out
+
+
+def synthetic_results(seeds: int = 3) -> dict:
+    regimes = {}
+    for regime, lr, shift in (("tuned", 1e-4, 0.0), ("aggressive", 1e-3, -0.1)):
+        rungs = []
+        for i, name in enumerate(ALL_RUNGS):
+            records = [dict(r, acc=r["acc"] + shift) for r in _records(name, 0.01 * i)][:seeds]
+            rungs.append(summarize_rung(name, records))
+        regimes[regime] = {"lr": lr, "rungs": rungs}
+    return {"regimes": regimes, "base_acc": 0.19, "k": 8, "steps": 8, "recipe": "tiny-dapo"}
+
+
+def test_report_files_schema_and_the_dapo_minus_grpo_line(tmp_path):
+    results = synthetic_results()
+    paths = write_report(results, tmp_path / "out")
+    data = json.loads(paths.json.read_text())
+    assert set(data["regimes"]) == {"tuned", "aggressive"}
+    for regime in data["regimes"].values():
+        assert [r["name"] for r in regime["rungs"]] == list(ALL_RUNGS)
+        for r in regime["rungs"]:
+            assert {"name", "mean", "std", "seeds", "wall_s", *EVIDENCE_KEYS} <= set(r)
+            assert len(r["seeds"]) == 3 and r["wall_s"] == pytest.approx(12.0)
+    grpo = data["regimes"]["tuned"]["rungs"][0]
+    assert grpo["mean"] == pytest.approx(statistics.mean(GRPO_ACC.values()))
+    assert grpo["std"] == pytest.approx(statistics.stdev(GRPO_ACC.values()))
+    assert grpo["run_id"] == ["grpo1", "grpo2", "grpo3"]
+
+    md = paths.md.read_text()
+    for name in ALL_RUNGS:
+        assert f"| {name} |" in md
+    for name, aime in PAPER_AIME.items():
+        assert f"| {name} | {aime:.0f} |" in md
+    diffs = [DAPO_ACC[s] - GRPO_ACC[s] for s in (1, 2, 3)]  # +0.20, +0.25, +0.25
+    mean, std = statistics.mean(diffs), statistics.stdev(diffs)
+    line = next(x for x in md.splitlines() if x.startswith("- **DAPO − GRPO**"))
+    assert f"{mean:+.3f} held-out" in line and f"mean − 2·std = {mean - 2 * std:+.3f} > 0" in line
+    assert "- **DAPO − sft-control" in md
+    assert "truncation at max_response_length (response_length/clip_ratio): grpo 20.0%" in md
+    assert "TODO" not in md and "{" not in md
+    assert paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths.png.stat().st_size > 10_000
+
+
+def test_paired_difference_and_one_seed():
+    results = synthetic_results(seeds=1)
+    rungs = {r["name"]: r for r in results["regimes"]["tuned"]["rungs"]}
+    d = paired_difference(rungs["dapo"], rungs["grpo"])
+    assert d.diffs == [pytest.approx(0.2)] and d.std is None and d.lower is None
+    assert rungs["grpo"]["std"] is None
+    md = render_markdown(results)
+    assert "one seed: no spread to judge seed noise by" in md and "± –" in md
+
+
+def test_bad_results_are_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="non-empty 'regimes'"):
+        write_report({}, tmp_path)
+    with pytest.raises(ValueError, match=r"rung #0 \(grpo\) lacks \['std'"):
+        check_results({"regimes": {"tuned": {"lr": 1.0, "rungs": [{"name": "grpo", "mean": 0.1}]}}})
+    with pytest.raises(ValueError, match="no seed results"):
+        summarize_rung("grpo", [])
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+TINY = [
+    "curation.synthetic.n=400",
+    "curation.val_size=8",
+    "base_model.steps=4",
+    "base_model.batch_size=8",
+    "base_model.micro_batch_size=8",
+    "base_model.heldout_size=6",
+    "base_model.heldout_k=2",
+    "base_model.warmup_steps=0",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_hidden_layers=1",
+    "model.tiny.intermediate_size=64",
+    "trainer.save_freq=0",
+    "data.train_batch_size=4",
+    "data.gen_batch_size=6",
+    "trainer.ppo_mini_batch_size=2",
+    "rollout.n=4",
+    "rollout.val_n=2",
+    "data.max_response_length=16",
+    "algorithm.overlong.buffer_length=4",
+    "algorithm.dynamic_sampling.max_num_gen_batches=2",
+    "algorithm.dynamic_sampling.on_exhausted=continue",
+    "tracking.log_system_metrics=false",
+    "algorithm.reward_fn=test_even_length",  # a reward with variance: a 4-step warm start solves nothing yet
+]
+
+
+@pytest.mark.slow
+def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
+    import train_fixtures  # noqa: F401  (registers the test rewards)
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)  # curate/base model/train write data/ and outputs/ relative to the project
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_location={tmp_path}/a"]
+    args = ["ablation", "--quick", "--recipe", "tiny-dapo"]
+    for item in [*TINY, *store]:
+        args += ["--set", item]
+    with prefect_test_harness(server_startup_timeout=120):
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+    out = tmp_path / "outputs/ablation-quick"
+    assert {p.name for p in out.iterdir()} >= {"ablation.json", "ablation.md", "ablation.png"}
+    data = json.loads((out / "ablation.json").read_text())
+    assert set(data["regimes"]) == {"tuned", "aggressive"} and data["steps"] == 2
+    assert data["regimes"]["aggressive"]["lr"] == pytest.approx(10 * data["regimes"]["tuned"]["lr"])
+    for regime in data["regimes"].values():
+        assert [r["name"] for r in regime["rungs"]] == list(ALL_RUNGS)
+        for r in regime["rungs"]:
+            assert r["seed_ids"] == [1] and 0.0 <= r["mean"] <= 1.0
+        for r in regime["rungs"][:-1]:  # val before training + every step (test_freq 1 of 2 steps)
+            assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
+        control = regime["rungs"][-1]
+        assert control["budget_s"][0] == pytest.approx(regime["rungs"][-2]["train_s"][0])
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    parent = client.get_run(data["parent_run_id"])
+    exp = parent.info.experiment_id
+    roots = [r for r in client.search_runs([exp]) if "mlflow.parentRunId" not in r.data.tags]
+    assert [r.info.run_id for r in roots] == [parent.info.run_id]  # one parent run
+    children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert all(r.info.status == "FINISHED" for r in children)
+    trained = {
+        (r.data.tags["ablation.regime"], r.data.tags["ablation.rung"], r.data.tags["ablation.seed"])
+        for r in children
+        if r.data.tags.get("ablation.kind") in ("train", "control")
+    }
+    assert trained == {(g, n, "1") for g in ("tuned", "aggressive") for n in ALL_RUNGS}
+    evals = [r for r in children if r.data.tags.get("ablation.kind") == "eval"]
+    assert len(evals) == 2 * len(ALL_RUNGS)
+    runs = {r.info.run_name: r for r in children}
+    assert runs["ablation-tuned-grpo-s1"].data.params["algorithm.loss_agg"] == "seq-mean-token-mean"
+    assert runs["ablation-aggressive-dapo-s1"].data.params["data.gen_batch_size"] == "6"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "ablation")} == {
+        "ablation/ablation.json",
+        "ablation/ablation.md",
+        "ablation/ablation.png",
+    }
