@@ -111,9 +111,9 @@ def test_tiny_dapo_values():
     assert (cfg.model.path, cfg.model.dtype, d.template, t.device) == ("outputs/base_model", "float32", "tiny", "cpu")
     assert (r.backend, cfg.resources.executor) == ("hf", "local")
     assert (d.train_batch_size, d.gen_batch_size, r.n, t.ppo_mini_batch_size) == (32, 48, 8, 16)
-    assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (32, 32, 64)
+    assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (32, 32, 80)
     assert (a.overlong.buffer_length, a.overlong.penalty_factor, a.clip_c) == (16, 1.0, 10.0)
-    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (1e-4, 0, "constant", 0.0, 1.0)
+    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (2e-5, 4, "constant", 0.0, 1.0)
     assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (24, 8, 8, 2)
     assert (r.val_n, r.val_top_p) == (8, 1.0)
     assert (a.dynamic_sampling.enable, a.dynamic_sampling.max_num_gen_batches) == (True, 10)
@@ -320,15 +320,15 @@ RULES = [
     (["algorithm.clip_high=0.1"], r"algorithm.clip_low \(0.2\) must be <= algorithm.clip_high \(0.1\)"),
     (["algorithm.clip_c=1.0"], r"algorithm.clip_c \(1.0\) must be > 1 when set"),
     (
-        ["algorithm.overlong.buffer_length=64"],
-        r"algorithm.overlong.buffer_length \(64\) must be < data.max_response_length \(64\) when .*shaping is on",
+        ["algorithm.overlong.buffer_length=80"],
+        r"algorithm.overlong.buffer_length \(80\) must be < data.max_response_length \(80\) when .*shaping is on",
     ),
     (["rollout.n=1"], r"rollout.n \(1\) must be >= 2 when algorithm.dynamic_sampling.enable is on"),
     (["rollout.top_p=0"], r"rollout.top_p \(0.0\) must be in \(0, 1\]"),
     (["rollout.val_top_p=1.5"], r"rollout.val_top_p \(1.5\) must be in \(0, 1\]"),
     (["rollout.top_k=0"], r"rollout.top_k \(0\) must be -1 \(off\) or >= 1"),
     (["algorithm.norm_length=100"], r"algorithm.norm_length \(100\) only applies to loss_agg"),
-    (["rollout.max_new_tokens=65"], r"rollout.max_new_tokens \(65\) must be <= data.max_response_length \(64\)"),
+    (["rollout.max_new_tokens=81"], r"rollout.max_new_tokens \(81\) must be <= data.max_response_length \(80\)"),
     (["rollout.backend=vllm"], r"rollout.backend \('vllm'\) needs GPUs"),
     (["model.tiny.num_attention_heads=3"], r"model.tiny.num_attention_heads \(3\) must divide"),
     (["trainer.betas=[0.9, 1.0]"], r"trainer.betas \(\[0.9, 1.0\]\) must each be in \[0, 1\)"),
@@ -358,7 +358,7 @@ def test_each_rule_fails_with_value_rule_and_fix(overrides, pattern):
 
 def test_the_rules_hold_where_they_should():
     tiny("rollout.n=1", "algorithm.dynamic_sampling.enable=false")  # n=1 is fine without dynamic sampling
-    tiny("algorithm.overlong.buffer_length=64", "algorithm.overlong.shaping=false")
+    tiny("algorithm.overlong.buffer_length=80", "algorithm.overlong.shaping=false")
     tiny("algorithm.clip_high=0.2", "algorithm.clip_c=null")
     tiny("algorithm.loss_agg=seq-mean-token-sum-norm", "algorithm.norm_length=100")
     tiny("rollout.backend=vllm", "resources.n_gpus_per_node=1", "rollout.tensor_parallel_size=1")
@@ -414,7 +414,7 @@ def test_flatten_unflatten_round_trip(tiny_raw, lr, seed, run_name, experiment, 
 def test_flatten_keys_are_dotted_and_mlflow_safe():
     flat = flatten_config(tiny())
     assert flat["algorithm.dynamic_sampling.enable"] == "true"
-    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "0.0001"
+    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "2e-05"
     assert all(set(k) <= set("abcdefghijklmnopqrstuvwxyz_0123456789.") for k in flat)
 
 
@@ -426,7 +426,7 @@ def test_resolved_helpers_do_not_mutate():
     assert resolved_tracking_uri(cfg) == "sqlite:///mlflow.db"
     assert resolved_max_new_tokens(cfg) == 20480 and resolved_data_seed(cfg) == 42
     assert resolved_norm_length(cfg) is None
-    assert resolved_norm_length(tiny("algorithm.loss_agg=seq-mean-token-sum-norm")) == 64
+    assert resolved_norm_length(tiny("algorithm.loss_agg=seq-mean-token-sum-norm")) == 80
 
 
 def test_empty_section_means_defaults(tmp_path):

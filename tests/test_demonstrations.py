@@ -92,3 +92,16 @@ def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():
     ]
     with pytest.raises(ValueError, match=r"shortcut_frac \(1.0\) must be in \[0, 1\)"):
         next(sft_batches(4, seed=1, shortcut_frac=1.0))
+
+
+def test_default_soft_overlong_window_starts_above_every_correct_answer():
+    """Eq. 13 must punish only overlong work: on the tiny task no correct answer may reach the penalty window."""
+    from dapo_core.data.synthetic import generate_problems
+    from dapo_core.engines.sft import response_ids
+    from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+
+    cfg = load_config(recipe="tiny-dapo")
+    tok = build_char_tokenizer(DEFAULT_ALPHABET)
+    longest = max(len(response_ids(tok, p.solution)) for p in generate_problems(5000, seed=0, min_ops=4))
+    assert longest >= 55  # 4-operation answers are the long tail the window must clear
+    assert cfg.data.max_response_length - cfg.algorithm.overlong.buffer_length > longest
