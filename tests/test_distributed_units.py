@@ -19,7 +19,7 @@ from dapo_core.engines.batch import split_by_groups
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.rollout import HFRolloutBackend, SamplingConfig
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer, short_mini_batch_scales
 
 
 @given(n=st.integers(0, 60), parts=st.integers(1, 9))
@@ -72,7 +72,11 @@ def test_single_rank_update_on_its_shard_is_bit_identical_to_the_plain_update():
     batch.old_log_probs, _ = trainers[0].compute_log_probs(batch)
     plain = trainers[0].update(batch, LossConfig(), ppo_epochs=2, mini_batch_groups=2)
     (shard,) = shard_for_update(batch, 2, world=1)
-    sharded = trainers[1].update(shard, LossConfig(), ppo_epochs=2, mini_batch_groups=1)
+    # the shard relabels each mini-batch as one group: the short last mini-batch's lr scale (1 of 2 groups)
+    # comes from the whole batch, as TrainerGroup.update passes it
+    scales = short_mini_batch_scales(batch, 2)
+    assert scales == [1.0, 1.0, 0.5]
+    sharded = trainers[1].update(shard, LossConfig(), ppo_epochs=2, mini_batch_groups=1, mini_batch_scales=scales)
     assert plain == sharded
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(p, q)
