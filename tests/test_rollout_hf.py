@@ -56,11 +56,13 @@ def biased_model(tok, bias: dict[int, float], default: float = 0.0) -> Qwen2ForC
     return model
 
 
-def naive_log_probs(model, prompt_ids: list[int], response_ids: list[int]) -> torch.Tensor:
-    """Reference: one full forward on the unpadded sequence, log_softmax, gather the response tokens."""
+def naive_log_probs(
+    model, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """Reference: one full forward on the unpadded sequence, log_softmax(logits / T), gather the response tokens."""
     ids = torch.tensor([prompt_ids + response_ids])  # (1, P + R)
     with torch.no_grad():
-        log_probs = torch.log_softmax(model(ids).logits.float(), dim=-1)[0]  # (P + R, V)
+        log_probs = torch.log_softmax(model(ids).logits.float() / temperature, dim=-1)[0]  # (P + R, V)
     p = len(prompt_ids)
     return log_probs[p - 1 : -1].gather(-1, torch.tensor(response_ids)[:, None]).squeeze(-1)  # (R,)
 
@@ -183,14 +185,17 @@ def test_greedy_follows_the_argmax_of_a_naive_forward(model, tok, prompts) -> No
     assert results[0].response_ids == results[1].response_ids  # greedy samples of one prompt agree
 
 
-def test_log_probs_are_raw_model_log_probs_of_sampled_tokens(model, tok, prompts) -> None:
-    # temperature/top-p shape the sampling but the returned log-probs are the raw model's (T = 1, no top-p)
+def test_log_probs_are_the_sampling_temperatures_log_probs_of_sampled_tokens(model, tok, prompts) -> None:
+    # the returned log-probs are log_softmax(logits / T) without top-p truncation: what the trainer recomputes as
+    # old_log_probs (it divides by rollout.temperature too), not the raw model's
     sampling = SamplingConfig(n=2, temperature=0.7, top_p=0.9, max_new_tokens=10, seed=2, return_log_probs=True)
     results = HFRolloutBackend(model, tok, micro_batch_size=5).generate(prompts, sampling)
     for r in results:
         assert r.log_probs is not None and len(r.log_probs) == r.response_length
-        expected = naive_log_probs(model, r.prompt_ids, r.response_ids)
+        expected = naive_log_probs(model, r.prompt_ids, r.response_ids, temperature=0.7)
         torch.testing.assert_close(torch.tensor(r.log_probs), expected, atol=1e-5, rtol=0)
+        raw = naive_log_probs(model, r.prompt_ids, r.response_ids)
+        assert not torch.allclose(torch.tensor(r.log_probs), raw, atol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------- sampling laws

@@ -55,6 +55,7 @@ def make_train_cfg(root: Path, *extra: str, recipe: str = "tiny-dapo"):
         "trainer.test_freq=2",
         "trainer.val_before_train=true",
         "trainer.lr=0.02",
+        "trainer.lr_warmup_steps=0",  # the tests size their expectations to full-lr Adam steps from step 1
         "trainer.micro_batch_size=16",
         "trainer.ppo_mini_batch_size=1",
         "data.train_batch_size=4",
