@@ -56,9 +56,7 @@ def biased_model(tok, bias: dict[int, float], default: float = 0.0) -> Qwen2ForC
     return model
 
 
-def naive_log_probs(
-    model, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
-) -> torch.Tensor:
+def naive_log_probs(model, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
     """Reference: one full forward on the unpadded sequence, log_softmax(logits / T), gather the response tokens."""
     ids = torch.tensor([prompt_ids + response_ids])  # (1, P + R)
     with torch.no_grad():
