@@ -1,0 +1,183 @@
+"""The warm start's problems: held-out and probe sets, and the stream of demonstrations it trains on.
+
+A problem never trained on stays that way: every set is drawn from its own seeded stream and honours an exclusion
+set of (normalised) questions. The demonstration stream is unlimited by default; ``sft_batches`` can limit it to a
+fixed set, make the hard part scarce, or show a share of bare answers (``base_model.*`` knobs). Prompt and target
+token ids use the ``tiny`` template through the chat template, as the curated RL prompts do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import replace
+
+from transformers import PreTrainedTokenizerBase
+
+from dapo_core.data.synthetic import SyntheticProblem, generate_problems
+from dapo_core.seeding import derive_seed
+
+TINY_PROMPT = "Q: {question}"  # the `tiny` prompt template of the curated data (data.template = "tiny")
+_STREAM_CHUNK = 1024  # problems drawn per derived seed in the SFT stream
+
+
+def normalize_question(text: str) -> str:
+    """The bare expression of a question: ``" Q: 71 - 57*6 "`` -> ``"71-57*6"`` (for exclusion matching)."""
+    bare = "".join(text.split())
+    return bare[2:] if bare.startswith("Q:") else bare
+
+
+def exclusion_digest(exclude: Iterable[str]) -> str:
+    """sha256 of the sorted, normalised, de-duplicated exclusion set (part of the stage's cache stamp)."""
+    items = sorted({normalize_question(q) for q in exclude})
+    return hashlib.sha256("\n".join(items).encode("utf-8")).hexdigest()
+
+
+def _stream(seed: int, tag: str, min_ops: int, max_ops: int) -> Iterator[SyntheticProblem]:
+    """An endless seeded stream of problems, drawn in chunks from seeds derived from (seed, tag, chunk)."""
+    chunk = 0
+    while True:
+        yield from generate_problems(
+            _STREAM_CHUNK, seed=derive_seed(seed, tag, chunk), min_ops=min_ops, max_ops=max_ops
+        )
+        chunk += 1
+
+
+def heldout_problems(
+    n: int,
+    *,
+    seed: int,
+    exclude: Collection[str] = (),
+    min_ops: int = 1,
+    max_ops: int = 4,
+    stream: str = "heldout",
+) -> list[SyntheticProblem]:
+    """``n`` distinct problems from the ``stream`` ("heldout", or "probe" for the target check) of ``seed``,
+    none of them in ``exclude``."""
+    banned = {normalize_question(q) for q in exclude}
+    out: list[SyntheticProblem] = []
+    seen: set[str] = set()
+    for p in _stream(seed, stream, min_ops, max_ops):
+        if len(out) >= n:
+            break
+        if p.question in banned or p.question in seen:
+            continue
+        seen.add(p.question)
+        out.append(p)
+    return out
+
+
+def demonstration_set(
+    n: int, *, seed: int, exclude: Collection[str] = (), min_ops: int = 1, max_ops: int = 4
+) -> list[SyntheticProblem]:
+    """The fixed set of ``n`` distinct demonstrations (worked solutions) a limited warm start may see: the first
+    ``n`` distinct problems of the ``sft`` stream outside ``exclude``."""
+    return heldout_problems(n, seed=seed, exclude=exclude, min_ops=min_ops, max_ops=max_ops, stream="sft")
+
+
+def _epochs(pool: Sequence[SyntheticProblem], seed: int) -> Iterator[SyntheticProblem]:
+    """The pool again and again, each epoch in its own seeded order."""
+    epoch = 0
+    while True:
+        order = list(pool)
+        random.Random(derive_seed(seed, "sft_epoch", epoch)).shuffle(order)
+        yield from order
+        epoch += 1
+
+
+def _with_scarce(
+    source: Iterator[SyntheticProblem],
+    from_ops: int,
+    count: int,
+    *,
+    seed: int,
+    exclude: Collection[str],
+    max_ops: int,
+) -> Iterator[SyntheticProblem]:
+    """``source`` with each problem of ``from_ops`` or more operations swapped for the next of a fixed pool."""
+    if from_ops > max_ops:
+        raise ValueError(f"scarce_from_ops ({from_ops}) must be <= max_ops ({max_ops}): no problem would be scarce")
+    if count < 1:
+        raise ValueError(
+            f"scarce_demos ({count}) must be >= 1 worked solutions of problems with >= {from_ops} operations "
+            "(to show none, lower max_ops instead)"
+        )
+    pool = heldout_problems(count, seed=seed, exclude=exclude, min_ops=from_ops, max_ops=max_ops, stream="sft_scarce")
+    scarce = _epochs(pool, derive_seed(seed, "scarce"))
+    for p in source:
+        yield next(scarce) if p.num_ops >= from_ops else p
+
+
+def shortcut_demo(problem: SyntheticProblem) -> SyntheticProblem:
+    """The same problem demonstrated without its work: the response is the answer line alone."""
+    return replace(problem, solution=problem.solution.splitlines()[-1])
+
+
+def _with_shortcuts(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+    """``source`` with a seeded share ``frac`` of its problems turned into shortcut demonstrations."""
+    if not 0.0 <= frac < 1.0:
+        raise ValueError(
+            f"shortcut_frac ({frac}) must be in [0, 1): the share of demonstrations that show only the answer line "
+            "(0 = every demonstration is worked out)"
+        )
+    rng = random.Random(derive_seed(seed, "shortcut"))
+    for p in source:
+        yield shortcut_demo(p) if rng.random() < frac else p
+
+
+def sft_batches(
+    batch_size: int,
+    *,
+    seed: int,
+    exclude: Collection[str] = (),
+    min_ops: int = 1,
+    max_ops: int = 4,
+    num_demos: int | None = None,
+    scarce_from_ops: int | None = None,
+    scarce_demos: int = 0,
+    shortcut_frac: float = 0.0,
+) -> Iterator[list[SyntheticProblem]]:
+    """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
+
+    ``num_demos`` None: a fresh problem every time (an unlimited supply of demonstrations). ``num_demos`` N: the
+    fixed ``demonstration_set`` of N problems, cycled in seeded epochs (a limited supply, as in the paper's
+    setting where RL has problems and a verifier but no worked solutions).
+
+    ``scarce_from_ops`` K: every problem with K or more operations is replaced by the next of a fixed set of
+    ``scarce_demos`` such problems (cycled in seeded epochs): the hard part of the task has only a few worked
+    solutions, seen as often as the rest of the range, while the easier part has an unlimited supply.
+
+    ``shortcut_frac`` f: a seeded share f of the demonstrations show only the answer line (``Answer: N``), with
+    no worked lines (see ``shortcut_demo``)."""
+    if num_demos is not None:
+        if num_demos < 1:
+            raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
+        pool = demonstration_set(num_demos, seed=seed, exclude=exclude, min_ops=min_ops, max_ops=max_ops)
+        source: Iterator[SyntheticProblem] = _epochs(pool, seed)
+    else:
+        banned = {normalize_question(q) for q in exclude}
+        source = (p for p in _stream(seed, "sft", min_ops, max_ops) if p.question not in banned)
+    if scarce_from_ops is not None:
+        source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
+    if shortcut_frac > 0:
+        source = _with_shortcuts(source, shortcut_frac, seed=seed)
+    batch: list[SyntheticProblem] = []
+    for p in source:
+        batch.append(p)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+
+
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+    """Token ids of the chat-templated ``tiny`` prompt, e.g. ``"Q: 71-57*6<|im_end|><|im_start|>"``."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": TINY_PROMPT.format(question=question)}], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer.encode(str(text), add_special_tokens=False))
+
+
+def response_ids(tokenizer: PreTrainedTokenizerBase, solution: str) -> list[int]:
+    """Token ids of the target response: the worked solution, then EOS (so the model learns to stop)."""
+    return [*tokenizer.encode(solution, add_special_tokens=False), int(tokenizer.eos_token_id)]
