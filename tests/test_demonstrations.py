@@ -94,6 +94,20 @@ def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():
         next(sft_batches(4, seed=1, shortcut_frac=1.0))
 
 
+def test_answer_first_shortcuts_state_the_answer_then_the_same_work():
+    plain = _questions(sft_batches(50, seed=6), 20)
+    mixed = _questions(sft_batches(50, seed=6, shortcut_frac=0.5, shortcut_style="answer_first"), 20)
+    assert [p.question for p in mixed] == [p.question for p in plain]  # same problems, only the order of lines
+    flipped = [(m, p) for m, p in zip(mixed, plain) if m.solution != p.solution]
+    assert 0.4 < len(flipped) / len(mixed) < 0.6
+    for m, p in flipped:
+        *work, answer = p.solution.splitlines()
+        assert m.solution.splitlines() == [answer, *work]  # the answer line first, then every worked line
+        assert answer == f"Answer: {p.answer}"
+    with pytest.raises(ValueError, match="unknown shortcut_style 'later'"):
+        next(sft_batches(4, seed=1, shortcut_frac=0.5, shortcut_style="later"))
+
+
 def test_default_soft_overlong_window_starts_above_every_correct_answer():
     """Eq. 13 must punish only overlong work: on the tiny task no correct answer may reach the penalty window."""
     from dapo_core.data.synthetic import generate_problems

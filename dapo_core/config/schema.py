@@ -358,8 +358,14 @@ class BaseModelStageConfig(_Section):
         default=0.0,
         ge=0,
         lt=1,
-        description="Share of the demonstrations that show only the answer line (`Answer: N`, no worked lines), as "
-        "web data mixes worked and bare answers: the warm start then answers without working that often.",
+        description="Share of the demonstrations that state the answer line (`Answer: N`) without working it out "
+        "first (see `shortcut_style`), as web data mixes worked and bare answers: the warm start then answers "
+        "before working that often.",
+    )
+    shortcut_style: Literal["answer_only", "answer_first"] = Field(
+        default="answer_only",
+        description="How a shortcut demonstration looks: `answer_only` = the answer line alone; `answer_first` = "
+        "the answer line, then the worked lines (the same tokens of work, stated after the answer).",
     )
     target_greedy_acc: float | None = Field(
         default=None,

@@ -109,21 +109,36 @@ def _with_scarce(
         yield next(scarce) if p.num_ops >= from_ops else p
 
 
-def shortcut_demo(problem: SyntheticProblem) -> SyntheticProblem:
-    """The same problem demonstrated without its work: the response is the answer line alone."""
-    return replace(problem, solution=problem.solution.splitlines()[-1])
+SHORTCUT_STYLES = ("answer_only", "answer_first")
 
 
-def _with_shortcuts(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+def shortcut_demo(problem: SyntheticProblem, style: str = "answer_only") -> SyntheticProblem:
+    """The same problem demonstrated with its answer given before (or without) the work.
+
+    ``answer_only``: the response is the answer line alone. ``answer_first``: the answer line first, then the
+    worked lines (the answer is stated before it is worked out; the scorer reads that line)."""
+    *work, answer = problem.solution.splitlines()
+    if style == "answer_only":
+        return replace(problem, solution=answer)
+    if style == "answer_first":
+        return replace(problem, solution="\n".join([answer, *work]))
+    raise ValueError(f"unknown shortcut style {style!r}; valid: {', '.join(SHORTCUT_STYLES)}")
+
+
+def _with_shortcuts(
+    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str = "answer_only"
+) -> Iterator[SyntheticProblem]:
     """``source`` with a seeded share ``frac`` of its problems turned into shortcut demonstrations."""
     if not 0.0 <= frac < 1.0:
         raise ValueError(
-            f"shortcut_frac ({frac}) must be in [0, 1): the share of demonstrations that show only the answer line "
-            "(0 = every demonstration is worked out)"
+            f"shortcut_frac ({frac}) must be in [0, 1): the share of demonstrations that state the answer before (or "
+            "without) working it out (0 = every demonstration is worked out, answer last)"
         )
+    if style not in SHORTCUT_STYLES:
+        raise ValueError(f"unknown shortcut_style {style!r}; valid: {', '.join(SHORTCUT_STYLES)}")
     rng = random.Random(derive_seed(seed, "shortcut"))
     for p in source:
-        yield shortcut_demo(p) if rng.random() < frac else p
+        yield shortcut_demo(p, style) if rng.random() < frac else p
 
 
 def sft_batches(
@@ -137,6 +152,7 @@ def sft_batches(
     scarce_from_ops: int | None = None,
     scarce_demos: int = 0,
     shortcut_frac: float = 0.0,
+    shortcut_style: str = "answer_only",
 ) -> Iterator[list[SyntheticProblem]]:
     """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
 
@@ -148,8 +164,9 @@ def sft_batches(
     ``scarce_demos`` such problems (cycled in seeded epochs): the hard part of the task has only a few worked
     solutions, seen as often as the rest of the range, while the easier part has an unlimited supply.
 
-    ``shortcut_frac`` f: a seeded share f of the demonstrations show only the answer line (``Answer: N``), with
-    no worked lines (see ``shortcut_demo``)."""
+    ``shortcut_frac`` f: a seeded share f of the demonstrations state the answer line (``Answer: N``) without
+    working it out first: the answer alone (``shortcut_style`` ``answer_only``) or the answer line followed by
+    the worked lines (``answer_first``); see ``shortcut_demo``."""
     if num_demos is not None:
         if num_demos < 1:
             raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
@@ -161,7 +178,7 @@ def sft_batches(
     if scarce_from_ops is not None:
         source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
     if shortcut_frac > 0:
-        source = _with_shortcuts(source, shortcut_frac, seed=seed)
+        source = _with_shortcuts(source, shortcut_frac, seed=seed, style=shortcut_style)
     batch: list[SyntheticProblem] = []
     for p in source:
         batch.append(p)
