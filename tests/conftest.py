@@ -1,10 +1,39 @@
-"""Shared test settings: deterministic hypothesis profile, quiet/offline tool environment."""
+"""Shared test settings: deterministic hypothesis profile, quiet/offline tool environment, and stores of the
+tests' own (before anything imports Prefect or MLflow, so they never see the user's).
+
+The user's stores stay untouched: `make test` exports PREFECT_HOME=<repo>/.prefect (env.mk), and a shell may
+export PREFECT_API_URL (a running `make ui`) or MLFLOW_TRACKING_URI. Here every test session gets a fresh
+PREFECT_HOME (its profiles and the ephemeral server's database) and a SQLite MLflow store in a temporary folder,
+and the Prefect API/database/profile variables are dropped; child processes (`dapo ...`, `dvc repro`) inherit
+the same. Tests that need other stores pass them explicitly (`tracking.uri=...`, `prefect_test_harness`).
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
-from hypothesis import HealthCheck, settings
+# ---- isolation first: nothing above this line may import prefect or mlflow ----
+TEST_STORES = Path(tempfile.mkdtemp(prefix="dapo-tests-"))
+USER_PREFECT_HOME = os.environ.get("PREFECT_HOME")  # what the session was given (make: <repo>/.prefect)
+for _var in (
+    "PREFECT_API_URL",
+    "PREFECT_API_KEY",
+    "PREFECT_UI_URL",
+    "PREFECT_PROFILE",
+    "PREFECT_PROFILES_PATH",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "DAPO_MLFLOW_UI_URL",
+):
+    os.environ.pop(_var, None)
+os.environ["PREFECT_HOME"] = str(TEST_STORES / "prefect")
+TEST_MLFLOW_URI = f"sqlite:///{TEST_STORES / 'mlflow.db'}"
+os.environ["MLFLOW_TRACKING_URI"] = TEST_MLFLOW_URI  # note: mlflow.set_tracking_uri() later rewrites this variable
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci",
@@ -42,3 +71,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    """Remove the session's own stores."""
+    shutil.rmtree(TEST_STORES, ignore_errors=True)
