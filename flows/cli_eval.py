@@ -121,4 +121,4 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:  # unknown run, nothing to plot
             fail(str(exc))
         typer.echo(result["table"], nl=False)
-        typer.echo(f"wrote {result['png']} and {result['table_path']}")
+        typer.echo(f"wrote {result['png']} and {result['table_path']} (also in MLflow run {result['run_id']})")

@@ -119,15 +119,28 @@ def compare_flow(
     recipe: str | None = None,
     overrides: list[str] | None = None,
     title: str | None = None,
+    track: bool = True,
 ) -> dict[str, Any]:
-    """Overlay the curves of MLflow runs (ids or names) into ``<out_dir>/compare.png`` + ``compare.md``."""
+    """Overlay the curves of MLflow runs (ids or names) into ``<out_dir>/compare.png`` + ``compare.md``; with
+    ``track``, also log both to a ``compare-...`` MLflow run (tag ``stage=compare``, artifacts under ``compare/``)."""
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
     histories = T.load_run_histories(cfg, runs, metrics)
     result = T.write_comparison(histories, out_dir, metrics, title)
-    get_run_logger().info("compared %d runs: %s, %s", len(histories), result.png, result.table_path)
+    run_id = None
+    if track:
+        name = ("compare-" + " vs ".join(histories))[:250]
+        tags = {"stage": "compare", "compare.runs": ", ".join(runs), **tracking.git_tags()}
+        with tracking.start_run(cfg, run_name=name, tags=tags) as run:
+            tracking.log_artifact(result.png, "compare")
+            tracking.log_artifact(result.table_path, "compare")
+            run_id = run.info.run_id
+    get_run_logger().info(
+        "compared %d runs: %s, %s (MLflow run %s)", len(histories), result.png, result.table_path, run_id
+    )
     return {
         "png": str(result.png),
         "table_path": str(result.table_path),
         "table": result.table,
         "runs": list(histories),
+        "run_id": run_id,
     }

@@ -3,6 +3,12 @@
 All tracking code lives in ``tasks/`` (dapo_core never imports MLflow). Defaults (DESIGN.md): a SQLite store
 ``sqlite:///mlflow.db`` and artifacts under ``./mlartifacts``, overridden by ``MLFLOW_TRACKING_URI`` /
 ``tracking.uri``. Metrics of one step go in one ``log_batch`` call (1,000 single calls take ~3.5 s here).
+
+Experiments are created as model-training experiments (tag ``mlflow.experimentKind`` =
+``custom_model_development``), so the MLflow UI opens on the runs table and metric charts, not the GenAI view.
+A run started inside a Prefect flow run is linked both ways: a link artifact on the flow run points at the run in
+the MLflow UI (``$DAPO_MLFLOW_UI_URL``, default: the tracking server when it is http(s), else
+http://127.0.0.1:5000), and the run carries the flow run's id (tags ``prefect.flow_run_*``).
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -31,6 +39,12 @@ logger = logging.getLogger(__name__)
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 _MAX_PARAM_VALUE = 6000
 
+# The MLflow UI picks its view from this experiment tag (values from MLflow 3's UI): model training, not GenAI.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+MLFLOW_UI_ENV = "DAPO_MLFLOW_UI_URL"
+DEFAULT_MLFLOW_UI_URL = "http://127.0.0.1:5000"
+
 
 def _artifact_uri(location: str) -> str:
     if "://" in location or location.startswith("file:"):
@@ -47,12 +61,25 @@ def configure_mlflow(cfg: DapoConfig) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            client.create_experiment(name, artifact_location=_artifact_uri(resolved_artifact_location(cfg)))
+            client.create_experiment(
+                name,
+                artifact_location=_artifact_uri(resolved_artifact_location(cfg)),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
         except mlflow.exceptions.MlflowException:  # created concurrently by another process
             if client.get_experiment_by_name(name) is None:
                 raise
+    elif not _explicit_kind(exp.tags):
+        # an experiment made before this tag existed (or one the UI only guessed a kind for): a training experiment
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     mlflow.set_experiment(name)
     return uri
+
+
+def _explicit_kind(tags: Mapping[str, str]) -> bool:
+    """True when the experiment's kind was chosen (by a user or a tool), not missing or inferred by the UI."""
+    kind = tags.get(EXPERIMENT_KIND_TAG, "")
+    return bool(kind) and not kind.endswith("_inferred") and kind != "no_inferred_type"
 
 
 @contextmanager
@@ -79,12 +106,63 @@ def start_run(
         log_system_metrics=cfg.tracking.log_system_metrics,
     )
     try:
+        link_flow_run(run)
         yield run
     except BaseException:
         mlflow.end_run(status="FAILED")
         raise
     else:
         mlflow.end_run(status="FINISHED")
+
+
+def mlflow_ui_url(tracking_uri: str | None = None) -> str:
+    """Base URL of the MLflow UI showing this store: ``$DAPO_MLFLOW_UI_URL``, else the tracking server itself when
+    it is one (http/https), else http://127.0.0.1:5000 (where ``make ui`` and ``mlflow ui`` serve by default)."""
+    explicit = os.environ.get(MLFLOW_UI_ENV, "").strip()
+    if explicit:
+        return explicit.rstrip("/")
+    uri = tracking_uri if tracking_uri is not None else mlflow.get_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/")
+    return DEFAULT_MLFLOW_UI_URL
+
+
+def run_ui_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
+    """The MLflow UI page of one run."""
+    return f"{mlflow_ui_url(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def link_flow_run(run: mlflow.ActiveRun) -> str | None:
+    """Inside a Prefect flow run: a link artifact on it to ``run`` in the MLflow UI, and its id as MLflow tags.
+
+    Returns the run's MLflow UI URL (None outside a flow run). Never raises: a failed link costs a warning only.
+    """
+    if "prefect" not in sys.modules:  # no flow run without Prefect loaded; skip importing it
+        return None
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return None
+    info, flow_run = run.info, ctx.flow_run
+    url = run_ui_url(info.experiment_id, info.run_id)
+    try:
+        from prefect.artifacts import create_link_artifact
+
+        create_link_artifact(
+            link=url,
+            link_text=f"MLflow run {info.run_name or info.run_id}",
+            description=f"MLflow run `{info.run_id}` (experiment `{info.experiment_id}`). The MLflow UI is assumed "
+            f"at {mlflow_ui_url()}; set {MLFLOW_UI_ENV} when it is elsewhere.",
+        )
+        tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
+        ui = os.environ.get("PREFECT_UI_URL") or os.environ.get("PREFECT_API_URL", "").removesuffix("/api")
+        if ui:  # a real server (an ephemeral one is gone when the command ends: no link to it)
+            tags["prefect.flow_run_url"] = f"{ui.rstrip('/')}/runs/flow-run/{flow_run.id}"
+        set_tags(tags, run_id=info.run_id)
+    except Exception as exc:  # the link is a convenience: never fail a run over it
+        logger.warning("could not link MLflow run %s to Prefect flow run %s: %s", info.run_id, flow_run.id, exc)
+    return url
 
 
 def _run_id(run_id: str | None) -> str:

@@ -68,6 +68,10 @@ def cfg(overrides):
     return c
 
 
+def cfg_experiment(cfg) -> str:
+    return MlflowClient().get_experiment_by_name(cfg.tracking.experiment).experiment_id
+
+
 def log_model_run(cfg, model_dir: Path, register_as: str | None = None) -> tuple[str, str | None]:
     """A 'training' run holding the tiny HF dir as artifacts (optionally registered); (run id, models:/ URI)."""
     with tracking.start_run(cfg, run_name="train-for-eval") as run:
@@ -176,6 +180,12 @@ def test_cli_compare_overlays_runs(cfg, overrides, cli_app, tmp_path):
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| dapo-run | 0.5 | 0.5 |" in table and "| grpo-run | 0.25 | 0.75 |" in table
     assert "other/x" not in table  # only the default curves
+    (run,) = MlflowClient().search_runs([cfg_experiment(cfg)], filter_string="tags.stage = 'compare'")
+    assert run.info.run_name == "compare-dapo-run vs grpo-run" and run.info.run_id in result.output
+    assert {a.path for a in MlflowClient().list_artifacts(run.info.run_id, "compare")} == {
+        "compare/compare.png",
+        "compare/compare.md",
+    }
 
     bad = CliRunner().invoke(cli_app, ["compare", "no-such-run", "--recipe", "tiny-dapo", "--set", overrides[0]])
     assert bad.exit_code == 2 and "no MLflow run with id or name 'no-such-run'" in bad.output
