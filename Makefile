@@ -1,5 +1,7 @@
 # The README's two commands: `make run` (the whole pipeline on the CPU default) and `make test` (the full suite).
 # Both bootstrap .venv from nothing; re-installation is skipped while pyproject.toml and constraints.txt are unchanged.
+# `make ui` starts the Prefect UI, the MLflow UI and `dapo serve` in the background (logs and PID files in
+# outputs/ui/); `make ui-stop` stops exactly those. Loopback by default: make ui UI_HOST=0.0.0.0 PREFECT_PORT=4300
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,11 +9,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
+UI_HOST ?= 127.0.0.1
+PREFECT_PORT ?= 4200
+MLFLOW_PORT ?= 5000
 
 include env.mk
 export
 
-.PHONY: run test lint format bench clean-venv
+.PHONY: run test ui ui-stop lint format bench clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,14 +27,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 run: $(STAMP)
-	@if $(BIN)/dapo pipeline --help >/dev/null 2>&1; then \
-		$(BIN)/dapo pipeline; \
-	else \
-		echo "== dapo-flow: the end-to-end pipeline (curate -> base model -> train -> evaluate) is not built yet."; \
-		echo "== What exists: the algorithm core, rewards, config/recipes and engines (see README 'Status')."; \
-		echo "== The resolved default config (params.yaml) that the pipeline will run:"; \
-		$(BIN)/dapo config show; \
-	fi
+	$(BIN)/dapo pipeline
+
+ui: $(STAMP)
+	$(BIN)/dapo ui start --host $(UI_HOST) --prefect-port $(PREFECT_PORT) --mlflow-port $(MLFLOW_PORT)
+
+# no $(STAMP): stopping must not reinstall anything
+ui-stop:
+	@if test -x $(BIN)/dapo; then $(BIN)/dapo ui stop; else echo "no $(BIN)/dapo: nothing was started by make ui"; fi
 
 test: $(STAMP)
 	$(BIN)/ruff check .
