@@ -3,6 +3,11 @@
 One parent Prefect flow with the four stage flows as subflows, and one parent MLflow run with the stages' runs
 nested under it. The stages write the fixed output paths that ``dvc.yaml`` declares; at the end the pipeline
 records them with ``dvc commit`` so ``dvc status`` is clean and ``dvc repro`` is a no-op.
+
+Each stage ends with one line (``[2/6] base model  warm start 1200 steps ...  7m58s``): in the Prefect run log, and
+on the console when a command attached one (``tasks.progress``; ``dapo pipeline`` does, with progress bars for the
+warm start and the RL steps). ``log_file`` (``dapo pipeline`` passes ``outputs/pipeline-<run_name>/pipeline.log``,
+outside the DVC-tracked stage outputs) is logged as an artifact of the parent MLflow run.
 """
 
 from __future__ import annotations
@@ -12,23 +17,94 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from dapo_core.config import load_config
+from dapo_core.config import DapoConfig, load_config
 from dapo_core.config.schema import resolved_run_name, resolved_tracking_uri
 from flows.base_model import base_model_flow
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
-from flows.train import train_flow
-from tasks import tracking
+from flows.train import PROGRESS_HOOKS, train_flow
+from tasks import progress, tracking
 from tasks.data import dvc_recorded_md5
+from tasks.train import step_progress
+from tasks.train_logging import val_fields
 
 logger = logging.getLogger(__name__)
 
 DVC_STAGES = ("curate", "base_model", "train", "evaluate")
+STAGES = ("curate", "base model", "evaluate base", "train", "evaluate", "dvc commit")
+LOG_FILE = "pipeline.log"
+
+
+def pipeline_log_path(cfg: DapoConfig) -> Path:
+    """``<trainer.output_dir>/pipeline-<run_name>/pipeline.log``: beside, not inside, the DVC-tracked
+    ``outputs/<run_name>/`` (a file still written after ``dvc commit`` would leave ``dvc status`` dirty)."""
+    return Path(cfg.trainer.output_dir) / f"pipeline-{resolved_run_name(cfg)}" / LOG_FILE
+
+
+class _Stages:
+    """One line per finished stage: ``[i/n] name  what it did  time``, to the run log and the console."""
+
+    def __init__(self, plog: Any) -> None:
+        self.plog, self.done = plog, 0
+        self.width = max(len(s) for s in STAGES)
+
+    @contextmanager
+    def run(self, name: str) -> Iterator[dict[str, str]]:
+        """Time the block; it sets ``info["what"]``. A spinner shows the running stage on a terminal."""
+        info = {"what": ""}
+        t0 = time.perf_counter()
+        with progress.activity(f"{name} ..."):
+            yield info
+        self.done += 1
+        line = (
+            f"[{self.done}/{len(STAGES)}] {name:<{self.width}}  {info['what']}  "
+            f"({progress.fmt_duration(time.perf_counter() - t0)})"
+        )
+        self.plog.info(line)
+        progress.echo(line)
+
+
+def _acc(metrics: dict[str, Any], prefix: str) -> str:
+    """``avg@8 0.302`` from the first ``<prefix>...mean_at_<k>`` key, '' without one."""
+    for key in sorted(metrics):
+        if key.startswith(prefix) and "/mean_at_" in key:
+            return f"avg@{key.rsplit('_', 1)[-1]} {metrics[key]:.3f}"
+    return ""
+
+
+def _curate_line(c: dict[str, Any]) -> str:
+    dropped = sum(int(v) for v in (c.get("dropped") or {}).values())
+    return f"{c['rows_in']} problems -> {c['train']} train / {c['val']} val ({dropped} dropped) in {c['output_dir']}"
+
+
+def _base_line(b: dict[str, Any]) -> str:
+    m = b.get("metrics", {})
+    held = [x for x in (_acc(m, "heldout/acc/"),) if x]
+    if "heldout/acc/greedy" in m:
+        held.append(f"greedy {m['heldout/acc/greedy']:.3f}")
+    what = "up to date, reused" if b["cached"] else f"warm start {b['steps']} steps ->"
+    return f"{what} {b['output_dir']}" + (f"; held-out {', '.join(held)}" if held else "")
+
+
+def _eval_line(e: dict[str, Any], label: str) -> str:
+    out = f" -> {e['metrics_path']}" if e.get("metrics_path") else ""
+    return f"{label}: avg@{e['n']} {e['mean_acc']:.3f} on {e['num_problems']} held-out problems{out}"
+
+
+def _train_line(t: dict[str, Any], steps: int) -> str:
+    m = t.get("final_metrics", {})
+    parts = [f"{steps} RL steps -> {t['final_model']}"]
+    if "train/acc/mean" in m:
+        parts.append(f"train acc {m['train/acc/mean']:.3f}")
+    parts += [f"val {k} {v:.3f}" for k, v in val_fields(m).items()]
+    return "; ".join(parts)
 
 
 def _dvc_commit(plog: Any) -> bool:
@@ -56,29 +132,44 @@ def pipeline_flow(
     recipe: str | None = None,
     overrides: list[str] | None = None,
     dvc_commit: bool = True,
+    log_file: str | None = None,
 ) -> dict[str, Any]:
-    """Curate -> base model -> train -> evaluate; returns each stage's summary and base -> final accuracy."""
+    """Curate -> base model -> train -> evaluate; returns each stage's summary and base -> final accuracy.
+
+    ``log_file``: this run's log (written by the caller), logged as an artifact of the parent MLflow run."""
     plog = get_run_logger()
     common = {"config_path": config_path, "recipe": recipe, "overrides": list(overrides or [])}
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
     run_name = resolved_run_name(cfg)
+    stages = _Stages(plog)
     t0 = time.perf_counter()
     with tracking.start_run(
         cfg, run_name=f"pipeline-{run_name}", tags={"stage": "pipeline", "recipe": cfg.recipe}
     ) as run:
         tracking.log_params_flat(cfg)
         tracking.set_tags(tracking.git_tags())
-        curated = curate_flow(**common)
+        with stages.run("curate") as s:
+            curated = curate_flow(**common)
+            s["what"] = _curate_line(curated)
         data_tags = {"data.dvc_md5": dvc_recorded_md5(), "data.curated_digest": str(curated.get("digest", ""))}
         tracking.set_tags(data_tags)
-        base = base_model_flow(**common, extra_tags=data_tags)
-        base_eval = evaluate_flow(
-            **common, model=base["output_dir"], metrics_path=None, run_name="evaluate-base_model", extra_tags=data_tags
-        )
-        trained = train_flow(**common, extra_tags=data_tags)
-        final_eval = evaluate_flow(
-            **common, model=trained["final_model"], run_name=f"evaluate-{run_name}", extra_tags=data_tags
-        )
+        with stages.run("base model") as s:
+            base = base_model_flow(**common, extra_tags=data_tags)
+            s["what"] = _base_line(base)
+        with stages.run("evaluate base") as s:
+            base_eval = evaluate_flow(
+                **common, model=base["output_dir"], metrics_path=None, run_name="evaluate-base_model",
+                extra_tags=data_tags,
+            )  # fmt: skip
+            s["what"] = _eval_line(base_eval, "base model")
+        with stages.run("train") as s:
+            trained = _train_with_progress(cfg, common, data_tags)
+            s["what"] = _train_line(trained, cfg.trainer.total_steps)
+        with stages.run("evaluate") as s:
+            final_eval = evaluate_flow(
+                **common, model=trained["final_model"], run_name=f"evaluate-{run_name}", extra_tags=data_tags
+            )
+            s["what"] = _eval_line(final_eval, "trained policy")
         summary = {
             "curate": curated,
             "base_model": base,
@@ -91,7 +182,14 @@ def pipeline_flow(
             "wall_s": time.perf_counter() - t0,
         }
         tracking.log_metrics({"pipeline/base_acc": summary["base_acc"], "pipeline/final_acc": summary["final_acc"]}, 0)
-    summary["dvc_committed"] = _dvc_commit(plog) if dvc_commit else False
+        if log_file and Path(log_file).is_file():
+            tracking.log_artifact(log_file, "logs")
+    with stages.run("dvc commit") as s:
+        summary["dvc_committed"] = _dvc_commit(plog) if dvc_commit else False
+        if summary["dvc_committed"]:
+            s["what"] = "stage outputs recorded in dvc.lock"
+        else:
+            s["what"] = "not recorded (see the warning above)" if dvc_commit else "skipped (dvc_commit=False)"
     plog.info(
         "pipeline done in %.0fs: held-out avg@%s %.3f (base model) -> %.3f (after %s)",
         summary["wall_s"],
@@ -101,3 +199,14 @@ def pipeline_flow(
         run_name,
     )
     return summary
+
+
+def _train_with_progress(cfg: DapoConfig, common: dict[str, Any], data_tags: dict[str, str]) -> dict[str, Any]:
+    """The train subflow with a bar over its RL steps (live train accuracy, latest validation accuracy)."""
+    with progress.bar("RL", total=cfg.trainer.total_steps, unit="step") as bar:
+        hook = step_progress(bar)
+        PROGRESS_HOOKS.append(hook)
+        try:
+            return train_flow(**common, extra_tags=data_tags)
+        finally:
+            PROGRESS_HOOKS.remove(hook)

@@ -30,7 +30,7 @@ from dapo_core.engines.sft import (
     run_warm_start,
 )
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET
-from tasks import tracking
+from tasks import progress, tracking
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +94,17 @@ def cached_result(output_dir: str, stamp: dict[str, Any]) -> dict[str, Any] | No
     return dict(recorded)
 
 
+def warm_start_fields(metrics: dict[str, float]) -> dict[str, float]:
+    """What the warm start's progress bar shows of a metrics callback: loss and token accuracy while training,
+    the probe's greedy accuracy when checked, the held-out avg@k at the end."""
+    names = {"sft/loss": "loss", "sft/token_acc": "token acc", "sft/probe_greedy_acc": "probe greedy"}
+    fields = {label: metrics[key] for key, label in names.items() if key in metrics}
+    for key, value in metrics.items():
+        if key.startswith("heldout/acc/mean_at_"):
+            fields[f"held-out avg@{key.rsplit('_', 1)[-1]}"] = value
+    return fields
+
+
 @task(name="warm-start", cache_policy=NO_CACHE)
 def warm_start(
     cfg: DapoConfig,
@@ -103,12 +114,15 @@ def warm_start(
     stamp: dict[str, Any],
     run_id: str,
 ) -> dict[str, Any]:
-    """Run the SFT warm start (metrics streamed to MLflow), save the model, then write the stamp."""
+    """Run the SFT warm start (metrics streamed to MLflow, a progress bar when a command shows one), save the
+    model, then write the stamp."""
+    with progress.bar("warm start", total=ws.steps, unit="step") as bar:
 
-    def log(step: int, metrics: dict[str, float]) -> None:
-        tracking.log_metrics(metrics, step, run_id=run_id)
+        def log(step: int, metrics: dict[str, float]) -> None:
+            tracking.log_metrics(metrics, step, run_id=run_id)
+            bar.update(step, warm_start_fields(metrics))
 
-    result: WarmStartResult = run_warm_start(cfg, ws, exclude=exclude, output_dir=output_dir, on_metrics=log)
+        result: WarmStartResult = run_warm_start(cfg, ws, exclude=exclude, output_dir=output_dir, on_metrics=log)
     record = {
         **stamp,
         "steps": result.steps,

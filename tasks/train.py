@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,8 @@ from dapo_core.training.step import (
     keep_flags,
     score_results,
 )
+from tasks import progress
+from tasks.train_logging import val_fields
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,17 @@ def make_executor(cfg: DapoConfig) -> Executor:
 
         return RayExecutor(cfg)
     return LocalExecutor(cfg)
+
+
+def step_progress(bar: progress.Bar) -> Callable[[int, int, dict[str, float]], None]:
+    """A ``flows.train.PROGRESS_HOOKS`` hook moving ``bar`` to each finished RL step, with the step's train
+    accuracy (sampled rollouts) and, on validation steps, the validation avg@k (the bar keeps the latest)."""
+
+    def hook(step: int, total: int, metrics: dict[str, float]) -> None:
+        acc = {"train acc": metrics["train/acc/mean"]} if "train/acc/mean" in metrics else {}
+        bar.update(step, {**acc, **{f"val {k}": v for k, v in val_fields(metrics).items()}}, first=True)
+
+    return hook
 
 
 @task(name="setup-executor", cache_policy=NO_CACHE)

@@ -16,7 +16,7 @@ from dapo_core.config import DapoConfig
 from dapo_core.engines.executor import Executor
 from dapo_core.training.plots import PANELS, plot_training_dynamics
 from dapo_core.training.prompts import PromptItem
-from tasks import tracking
+from tasks import progress, tracking
 from tasks.data import dvc_recorded_md5
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,16 @@ def file_digest(paths: Sequence[str | Path]) -> str:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     h.update(chunk)
     return h.hexdigest()
+
+
+def val_fields(metrics: dict[str, float]) -> dict[str, float]:
+    """``{"avg@8": 0.302}`` from ``val/<source>/acc/mean_at_8`` (the mean over sources when there are several):
+    the validation accuracy a progress bar or a summary line shows."""
+    by_k: dict[str, list[float]] = {}
+    for key, value in metrics.items():
+        if key.startswith("val/") and "/acc/mean_at_" in key:
+            by_k.setdefault(key.rsplit("_", 1)[-1], []).append(value)
+    return {f"avg@{k}": sum(v) / len(v) for k, v in sorted(by_k.items())}
 
 
 def run_tags(cfg: DapoConfig, run_name: str) -> dict[str, str]:
@@ -67,6 +77,7 @@ def validate(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, *
     t0 = time.perf_counter()
     metrics, rows = evaluate_items(executor, items, cfg, seed_parts=VAL_SEED_PARTS)
     metrics["timing_s/testing"] = time.perf_counter() - t0
+    progress.note({f"val {k}": v for k, v in val_fields(metrics).items()})  # the RL bar, when a command shows one
     tracking.log_table(rows[: 8 * max(1, len({r.get("data_source") for r in rows}))], f"samples/step_{step:06d}.json")
     if step == 0:
         tracking.log_metrics(metrics, step=0)
