@@ -98,7 +98,7 @@ def test_answer_first_shortcuts_state_the_answer_then_the_same_work():
     plain = _questions(sft_batches(50, seed=6), 20)
     mixed = _questions(sft_batches(50, seed=6, shortcut_frac=0.5, shortcut_style="answer_first"), 20)
     assert [p.question for p in mixed] == [p.question for p in plain]  # same problems, only the order of lines
-    flipped = [(m, p) for m, p in zip(mixed, plain) if m.solution != p.solution]
+    flipped = [(m, p) for m, p in zip(mixed, plain, strict=True) if m.solution != p.solution]
     assert 0.4 < len(flipped) / len(mixed) < 0.6
     for m, p in flipped:
         *work, answer = p.solution.splitlines()
@@ -106,6 +106,30 @@ def test_answer_first_shortcuts_state_the_answer_then_the_same_work():
         assert answer == f"Answer: {p.answer}"
     with pytest.raises(ValueError, match="unknown shortcut_style 'later'"):
         next(sft_batches(4, seed=1, shortcut_frac=0.5, shortcut_style="later"))
+
+
+def test_run_on_demonstrations_go_on_to_the_next_problem_and_score_wrong():
+    from dapo_core.rewards import math_dapo_score
+
+    plain = _questions(sft_batches(50, seed=6), 30)
+    mixed = _questions(sft_batches(50, seed=6, run_on_frac=0.4), 20)
+    run_ons = [p for p in mixed if "\nQ: " in p.solution]
+    # a run-on uses up the problem it goes on to: r*n of n draws run on, so r/(1+r) of all draws are inside one
+    assert 0.3 < len(run_ons) / len(mixed) < 0.5
+    stream = iter(plain)
+    for p in mixed:  # the same problems in the same order, each run-on followed by the next one
+        own = next(stream)
+        assert p.question == own.question
+        if "\nQ: " in p.solution:
+            nxt = next(stream)
+            first, rest = p.solution.split("\nQ: ")
+            assert first == own.solution  # its own worked solution, answer line last
+            assert rest == f"{nxt.question}\n{nxt.solution}"
+            # the scorer reads the last answer line: the next problem's, so a run-on is wrong on its own problem
+            assert math_dapo_score(p.solution, str(nxt.answer))["acc"] is True
+            assert (math_dapo_score(p.solution, str(p.answer))["acc"] is True) == (p.answer == nxt.answer)
+    with pytest.raises(ValueError, match=r"run_on_frac \(1.5\) must be in \[0, 1\)"):
+        next(sft_batches(4, seed=1, run_on_frac=1.5))
 
 
 def test_default_soft_overlong_window_starts_above_every_correct_answer():

@@ -367,6 +367,14 @@ class BaseModelStageConfig(_Section):
         description="How a shortcut demonstration looks: `answer_only` = the answer line alone; `answer_first` = "
         "the answer line, then the worked lines (the same tokens of work, stated after the answer).",
     )
+    run_on_frac: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of the demonstrations that do not stop after their answer line but go on to the next "
+        "problem (`Q: ...` and its worked solution), as worksheets and documents of many problems do: the warm "
+        "start then often keeps writing after it has answered, and the scorer reads the last answer line.",
+    )
     target_greedy_acc: float | None = Field(
         default=None,
         gt=0,

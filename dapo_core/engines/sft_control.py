@@ -105,7 +105,7 @@ def continue_warm_start(
     stream = sft_batches(
         ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops,
         num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
-        shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style,
+        shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
     )  # fmt: skip
     batches = itertools.islice(stream, ws.steps if skip_steps is None else skip_steps, None)
     pad_id = int(tokenizer.pad_token_id)

@@ -141,6 +141,26 @@ def _with_shortcuts(
         yield shortcut_demo(p, style) if rng.random() < frac else p
 
 
+def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem) -> SyntheticProblem:
+    """``problem`` demonstrated as a worksheet goes on: after its answer line come the next question (in the prompt
+    template) and that question's worked solution. The scorer reads the last answer line, so a policy that writes
+    this is scored on the wrong question (or runs into the length limit)."""
+    tail = TINY_PROMPT.format(question=following.question)
+    return replace(problem, solution=f"{problem.solution}\n{tail}\n{following.solution}")
+
+
+def _with_run_ons(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+    """``source`` with a seeded share ``frac`` of its problems going on to the problem that follows them."""
+    if not 0.0 <= frac < 1.0:
+        raise ValueError(
+            f"run_on_frac ({frac}) must be in [0, 1): the share of demonstrations that go on to the next problem "
+            "after their answer line (0 = every demonstration stops after its answer)"
+        )
+    rng = random.Random(derive_seed(seed, "run_on"))
+    for p in source:
+        yield run_on_demo(p, next(source)) if rng.random() < frac else p
+
+
 def sft_batches(
     batch_size: int,
     *,
@@ -153,6 +173,7 @@ def sft_batches(
     scarce_demos: int = 0,
     shortcut_frac: float = 0.0,
     shortcut_style: str = "answer_only",
+    run_on_frac: float = 0.0,
 ) -> Iterator[list[SyntheticProblem]]:
     """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
 
@@ -166,7 +187,11 @@ def sft_batches(
 
     ``shortcut_frac`` f: a seeded share f of the demonstrations state the answer line (``Answer: N``) without
     working it out first: the answer alone (``shortcut_style`` ``answer_only``) or the answer line followed by
-    the worked lines (``answer_first``); see ``shortcut_demo``."""
+    the worked lines (``answer_first``); see ``shortcut_demo``.
+
+    ``run_on_frac`` r: a seeded share r of the demonstrations do not stop after their answer line but go on to the
+    next problem of the stream, as worksheets and documents of many problems do (see ``run_on_demo``); the
+    problem they go on to is used up there."""
     if num_demos is not None:
         if num_demos < 1:
             raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
@@ -179,6 +204,8 @@ def sft_batches(
         source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
     if shortcut_frac > 0:
         source = _with_shortcuts(source, shortcut_frac, seed=seed, style=shortcut_style)
+    if run_on_frac > 0:
+        source = _with_run_ons(source, run_on_frac, seed=seed)
     batch: list[SyntheticProblem] = []
     for p in source:
         batch.append(p)
