@@ -132,6 +132,25 @@ def test_run_on_demonstrations_go_on_to_the_next_problem_and_score_wrong():
         next(sft_batches(4, seed=1, run_on_frac=1.5))
 
 
+def test_short_run_ons_give_the_next_question_and_its_answer_line_only():
+    from dapo_core.rewards import math_dapo_score
+
+    plain = iter(_questions(sft_batches(50, seed=6), 40))
+    mixed = _questions(sft_batches(50, seed=6, run_on_frac=0.6, run_on_style="answer_only"), 20)
+    short = 0
+    for p in mixed:
+        own = next(plain)
+        assert p.question == own.question
+        if p.solution != own.solution:
+            nxt = next(plain)
+            assert p.solution == f"{own.solution}\nQ: {nxt.question}\nAnswer: {nxt.answer}"
+            assert (math_dapo_score(p.solution, str(p.answer))["acc"] is True) == (p.answer == nxt.answer)
+            short += 1
+    assert 0.3 < short / len(mixed) < 0.45  # r/(1+r) = 0.375 of all draws
+    with pytest.raises(ValueError, match="unknown run_on_style 'tail'"):
+        next(sft_batches(4, seed=1, run_on_frac=0.5, run_on_style="tail"))
+
+
 def test_default_soft_overlong_window_starts_above_every_correct_answer():
     """Eq. 13 must punish only overlong work: on the tiny task no correct answer may reach the penalty window."""
     from dapo_core.data.synthetic import generate_problems

@@ -375,6 +375,11 @@ class BaseModelStageConfig(_Section):
         "problem (`Q: ...` and its worked solution), as worksheets and documents of many problems do: the warm "
         "start then often keeps writing after it has answered, and the scorer reads the last answer line.",
     )
+    run_on_style: Literal["worked", "answer_only"] = Field(
+        default="worked",
+        description="What follows the next question in a run-on demonstration: its worked solution (`worked`) or "
+        "its answer line only (`answer_only`: a short run-on, no second worked solution in one response).",
+    )
     target_greedy_acc: float | None = Field(
         default=None,
         gt=0,

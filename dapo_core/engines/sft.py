@@ -89,6 +89,7 @@ class WarmStartConfig:
     shortcut_frac: float = 0.0
     shortcut_style: str = "answer_only"
     run_on_frac: float = 0.0
+    run_on_style: str = "worked"
     target_greedy_acc: float | None = None
     check_every: int = 100
     check_from: int = 0
@@ -329,7 +330,7 @@ def run_warm_start(
     batches = sft_batches(
         ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, num_demos=ws.num_demos,
         scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos, shortcut_frac=ws.shortcut_frac,
-        shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
+        shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac, run_on_style=ws.run_on_style,
     )  # fmt: skip
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 

@@ -106,6 +106,7 @@ def continue_warm_start(
         ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops,
         num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
         shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
+        run_on_style=ws.run_on_style,
     )  # fmt: skip
     batches = itertools.islice(stream, ws.steps if skip_steps is None else skip_steps, None)
     pad_id = int(tokenizer.pad_token_id)

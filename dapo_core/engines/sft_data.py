@@ -141,24 +141,38 @@ def _with_shortcuts(
         yield shortcut_demo(p, style) if rng.random() < frac else p
 
 
-def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem) -> SyntheticProblem:
+RUN_ON_STYLES = ("worked", "answer_only")
+
+
+def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem, style: str = "worked") -> SyntheticProblem:
     """``problem`` demonstrated as a worksheet goes on: after its answer line come the next question (in the prompt
-    template) and that question's worked solution. The scorer reads the last answer line, so a policy that writes
-    this is scored on the wrong question (or runs into the length limit)."""
+    template) and that question's worked solution (``worked``) or only its answer line (``answer_only``). The
+    scorer reads the last answer line, so a policy that writes this is scored on the wrong question (or runs into
+    the length limit)."""
     tail = TINY_PROMPT.format(question=following.question)
-    return replace(problem, solution=f"{problem.solution}\n{tail}\n{following.solution}")
+    if style == "worked":
+        rest = following.solution
+    elif style == "answer_only":
+        rest = following.solution.splitlines()[-1]
+    else:
+        raise ValueError(f"unknown run_on_style {style!r}; valid: {', '.join(RUN_ON_STYLES)}")
+    return replace(problem, solution=f"{problem.solution}\n{tail}\n{rest}")
 
 
-def _with_run_ons(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+def _with_run_ons(
+    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str = "worked"
+) -> Iterator[SyntheticProblem]:
     """``source`` with a seeded share ``frac`` of its problems going on to the problem that follows them."""
     if not 0.0 <= frac < 1.0:
         raise ValueError(
             f"run_on_frac ({frac}) must be in [0, 1): the share of demonstrations that go on to the next problem "
             "after their answer line (0 = every demonstration stops after its answer)"
         )
+    if style not in RUN_ON_STYLES:
+        raise ValueError(f"unknown run_on_style {style!r}; valid: {', '.join(RUN_ON_STYLES)}")
     rng = random.Random(derive_seed(seed, "run_on"))
     for p in source:
-        yield run_on_demo(p, next(source)) if rng.random() < frac else p
+        yield run_on_demo(p, next(source), style) if rng.random() < frac else p
 
 
 def sft_batches(
@@ -174,6 +188,7 @@ def sft_batches(
     shortcut_frac: float = 0.0,
     shortcut_style: str = "answer_only",
     run_on_frac: float = 0.0,
+    run_on_style: str = "worked",
 ) -> Iterator[list[SyntheticProblem]]:
     """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
 
@@ -190,7 +205,8 @@ def sft_batches(
     the worked lines (``answer_first``); see ``shortcut_demo``.
 
     ``run_on_frac`` r: a seeded share r of the demonstrations do not stop after their answer line but go on to the
-    next problem of the stream, as worksheets and documents of many problems do (see ``run_on_demo``); the
+    next problem of the stream, as worksheets and documents of many problems do: its question, then its worked
+    solution (``run_on_style`` ``worked``) or its answer line only (``answer_only``); see ``run_on_demo``. The
     problem they go on to is used up there."""
     if num_demos is not None:
         if num_demos < 1:
@@ -205,7 +221,7 @@ def sft_batches(
     if shortcut_frac > 0:
         source = _with_shortcuts(source, shortcut_frac, seed=seed, style=shortcut_style)
     if run_on_frac > 0:
-        source = _with_run_ons(source, run_on_frac, seed=seed)
+        source = _with_run_ons(source, run_on_frac, seed=seed, style=run_on_style)
     batch: list[SyntheticProblem] = []
     for p in source:
         batch.append(p)
