@@ -114,7 +114,7 @@ def test_run_on_demonstrations_go_on_to_the_next_problem_and_score_wrong():
     plain = _questions(sft_batches(50, seed=6), 30)
     mixed = _questions(sft_batches(50, seed=6, run_on_frac=0.4), 20)
     run_ons = [p for p in mixed if "\nQ: " in p.solution]
-    # a run-on uses up the problem it goes on to: r*n of n draws run on, so r/(1+r) of all draws are inside one
+    # a share r = 0.4 of the demonstrations run on (each uses up the problem it goes on to)
     assert 0.3 < len(run_ons) / len(mixed) < 0.5
     stream = iter(plain)
     for p in mixed:  # the same problems in the same order, each run-on followed by the next one
@@ -146,7 +146,7 @@ def test_short_run_ons_give_the_next_question_and_its_answer_line_only():
             assert p.solution == f"{own.solution}\nQ: {nxt.question}\nAnswer: {nxt.answer}"
             assert (math_dapo_score(p.solution, str(p.answer))["acc"] is True) == (p.answer == nxt.answer)
             short += 1
-    assert 0.3 < short / len(mixed) < 0.45  # r/(1+r) = 0.375 of all draws
+    assert 0.55 < short / len(mixed) < 0.65  # a share r = 0.6 of the demonstrations run on
     with pytest.raises(ValueError, match="unknown run_on_style 'tail'"):
         next(sft_batches(4, seed=1, run_on_frac=0.5, run_on_style="tail"))
 
