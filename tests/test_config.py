@@ -113,8 +113,17 @@ def test_tiny_dapo_values():
     assert (d.train_batch_size, d.gen_batch_size, r.n, t.ppo_mini_batch_size) == (32, 48, 8, 16)
     assert (t.micro_batch_size, d.max_prompt_length, d.max_response_length) == (32, 32, 80)
     assert (a.overlong.buffer_length, a.overlong.penalty_factor, a.clip_c) == (16, 1.0, 10.0)
-    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (2e-5, 4, "constant", 0.0, 1.0)
-    assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (24, 8, 8, 2)
+    assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (1e-4, 4, "constant", 0.0, 1.0)
+    assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (16, 8, 8, 2)
+    b = cfg.base_model  # the run-on warm start (README "Does the default run learn?")
+    assert (b.steps, b.batch_size, b.target_greedy_acc, b.run_on_frac, b.run_on_style) == (
+        1200,
+        56,
+        None,
+        0.6,
+        "answer_only",
+    )
+    assert (b.shortcut_frac, b.num_demos, b.scarce_from_ops) == (0.0, None, None)
     assert (r.val_n, r.val_top_p) == (8, 1.0)
     assert (a.dynamic_sampling.enable, a.dynamic_sampling.max_num_gen_batches) == (True, 10)
     assert d.train_files[0].startswith("outputs/curated/") and d.val_files[0].startswith("outputs/curated/")
@@ -414,7 +423,7 @@ def test_flatten_unflatten_round_trip(tiny_raw, lr, seed, run_name, experiment, 
 def test_flatten_keys_are_dotted_and_mlflow_safe():
     flat = flatten_config(tiny())
     assert flat["algorithm.dynamic_sampling.enable"] == "true"
-    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "2e-05"
+    assert flat["data.seed"] == "null" and flat["trainer.lr"] == "0.0001"
     assert all(set(k) <= set("abcdefghijklmnopqrstuvwxyz_0123456789.") for k in flat)
 
 
