@@ -279,13 +279,22 @@ def _envs(s: UiSettings) -> dict[str, dict[str, str]]:
         PREFECT_HOME=str(Path(s.prefect_home).resolve()), PREFECT_SERVER_ANALYTICS_ENABLED="false",
         MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
     )  # fmt: skip
+    # The UI's pages call the API at PREFECT_UI_API_URL; `prefect server start --port N` does not set it (the UI
+    # would call the default :4200), so point it at this server unless the user chose another address (a proxy).
+    # The UI's promotional banners (Prefect Cloud offers) stay off unless asked for.
+    prefect = {
+        **base,
+        "PREFECT_UI_API_URL": os.environ.get("PREFECT_UI_API_URL") or f"{s.prefect_url}/api",
+        "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": os.environ.get("PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT")
+        or "false",
+    }
     serve = {
         **base,
         "PREFECT_API_URL": f"{s.prefect_url}/api",
         "MLFLOW_TRACKING_URI": s.backend_store_uri,
         "DAPO_MLFLOW_UI_URL": os.environ.get("DAPO_MLFLOW_UI_URL") or s.mlflow_url,  # the user's wins (a proxy)
     }
-    return {"prefect": base, "mlflow": base, "serve": serve}
+    return {"prefect": prefect, "mlflow": base, "serve": serve}
 
 
 def _commands(s: UiSettings) -> dict[str, list[str]]:

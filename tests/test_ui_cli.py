@@ -77,6 +77,8 @@ def test_start_status_stop_real_servers(tmp_path, monkeypatch):
         assert all(not _gone(pid) for pid in pids.values())
 
         assert _get(f"http://127.0.0.1:{pp}/api/health")[0] == 200
+        # the UI's pages call this server's API, not the default port 4200
+        assert json.loads(_get(f"http://127.0.0.1:{pp}/ui-settings")[1])["api_url"] == f"http://127.0.0.1:{pp}/api"
         assert _get(f"http://127.0.0.1:{mp}/health")[0] == 200
         _, text = _get(f"http://127.0.0.1:{mp}/api/2.0/mlflow/experiments/search", {"max_results": 50})
         assert "ui-test-store" in {e["name"] for e in json.loads(text)["experiments"]}
