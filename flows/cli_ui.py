@@ -76,6 +76,7 @@ def start(
 def _print_urls(s: ui.UiSettings) -> None:
     typer.echo(f"Prefect UI: {s.prefect_url}  (deployments: {s.prefect_url}/deployments -> Run)")
     typer.echo(f"MLflow UI:  {s.mlflow_url}  (store {s.backend_store_uri})")
+    typer.echo("            switch it to 'Model training' (top left) for the runs table and metric charts")
     typer.echo(f"logs: {s.state_dir}/{{prefect,mlflow,serve}}.log; stop with `make ui-stop` (dapo ui stop)")
 
 

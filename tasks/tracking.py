@@ -5,7 +5,9 @@ All tracking code lives in ``tasks/`` (dapo_core never imports MLflow). Defaults
 ``tracking.uri``. Metrics of one step go in one ``log_batch`` call (1,000 single calls take ~3.5 s here).
 
 Experiments are created as model-training experiments (tag ``mlflow.experimentKind`` =
-``custom_model_development``), so the MLflow UI opens on the runs table and metric charts, not the GenAI view.
+``custom_model_development``). MLflow 3.17's UI picks its view from a global "GenAI / Model training" switch
+instead (the URL's ``workflowType`` or the choice the browser saved, GenAI when none), so the run links built here
+ask for the model-training view (runs table, metric charts) in the URL.
 A run started inside a Prefect flow run is linked both ways: a link artifact on the flow run points at the run in
 the MLflow UI (``$DAPO_MLFLOW_UI_URL``, default: the tracking server when it is http(s), else
 http://127.0.0.1:5000), and the run carries the flow run's id (tags ``prefect.flow_run_*``).
@@ -39,11 +41,13 @@ logger = logging.getLogger(__name__)
 _MAX_METRICS, _MAX_PARAMS, _MAX_TAGS = 1000, 100, 100
 _MAX_PARAM_VALUE = 6000
 
-# The MLflow UI picks its view from this experiment tag (values from MLflow 3's UI): model training, not GenAI.
+# The experiment's kind as MLflow 3 records it (values from its UI): model training, not GenAI.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MLFLOW_UI_ENV = "DAPO_MLFLOW_UI_URL"
 DEFAULT_MLFLOW_UI_URL = "http://127.0.0.1:5000"
+# The query that opens a page of the MLflow UI (3.x) in its model-training view rather than the GenAI one.
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def _artifact_uri(location: str) -> str:
@@ -128,8 +132,8 @@ def mlflow_ui_url(tracking_uri: str | None = None) -> str:
 
 
 def run_ui_url(experiment_id: str, run_id: str, tracking_uri: str | None = None) -> str:
-    """The MLflow UI page of one run."""
-    return f"{mlflow_ui_url(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+    """The MLflow UI page of one run, in the model-training view."""
+    return f"{mlflow_ui_url(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING_VIEW}"
 
 
 def link_flow_run(run: mlflow.ActiveRun) -> str | None:

@@ -160,10 +160,15 @@ def test_experiments_are_created_and_marked_as_model_training(tmp_path):
 
 def test_mlflow_ui_links(monkeypatch):
     monkeypatch.delenv(tracking.MLFLOW_UI_ENV, raising=False)
-    assert tracking.run_ui_url("3", "abc", "sqlite:///x.db") == "http://127.0.0.1:5000/#/experiments/3/runs/abc"
+    assert (
+        tracking.run_ui_url("3", "abc", "sqlite:///x.db")
+        == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
     assert tracking.mlflow_ui_url("http://mlflow.lab:8080/") == "http://mlflow.lab:8080"
     monkeypatch.setenv(tracking.MLFLOW_UI_ENV, "http://10.0.0.2:5001/")
-    assert tracking.run_ui_url("1", "r", "http://mlflow.lab:8080") == "http://10.0.0.2:5001/#/experiments/1/runs/r"
+    assert tracking.run_ui_url("1", "r", "http://mlflow.lab:8080") == (
+        "http://10.0.0.2:5001/#/experiments/1/runs/r?workflowType=machine_learning"
+    )
     with mlflow.start_run() as run:  # outside a Prefect flow run there is nothing to link
         assert tracking.link_flow_run(run) is None
 
@@ -316,5 +321,6 @@ def test_runs_triggered_through_the_rest_api(tmp_path, monkeypatch):
     assert all("/" in key for key in mrun.data.metrics)  # metric charts group into sections by prefix
     assert mrun.data.tags["prefect.flow_run_url"] == f"http://127.0.0.1:{port}/runs/flow-run/{good}"
     assert (work / "outputs/curated/train.parquet").is_file()  # runs work where `dapo serve` runs
-    url = f"http://mlflow.test:5000/#/experiments/{exp.experiment_id}/runs/{mrun.info.run_id}"
+    run_page = f"#/experiments/{exp.experiment_id}/runs/{mrun.info.run_id}?{tracking.MODEL_TRAINING_VIEW}"
+    url = f"http://mlflow.test:5000/{run_page}"
     assert [a["data"] for a in artifacts] == [f"[MLflow run curate]({url})"]  # the link (stored as markdown)
