@@ -26,6 +26,7 @@ for _var in (
     "PREFECT_PROFILES_PATH",
     "PREFECT_API_DATABASE_CONNECTION_URL",
     "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_UI_API_URL",
     "DAPO_MLFLOW_UI_URL",
 ):
     os.environ.pop(_var, None)
@@ -33,6 +34,7 @@ os.environ["PREFECT_HOME"] = str(TEST_STORES / "prefect")
 TEST_MLFLOW_URI = f"sqlite:///{TEST_STORES / 'mlflow.db'}"
 os.environ["MLFLOW_TRACKING_URI"] = TEST_MLFLOW_URI  # note: mlflow.set_tracking_uri() later rewrites this variable
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -62,7 +64,6 @@ for key, value in {
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` run only where CUDA is available (and are reported as skipped elsewhere)."""
-    import pytest
     import torch
 
     if torch.cuda.is_available():
@@ -71,6 +72,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item (``item.rep_call.failed``): fixtures that keep evidence of a failure
+    (the browser test's screenshot) read it at teardown."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 def pytest_unconfigure(config):

@@ -1,0 +1,161 @@
+"""The project's UIs driven in headless Chromium, the way a user clicks through them (Playwright).
+
+Used by the browser test (tests/test_ui_browser.py) and the README's screenshots (scripts/ui_screenshots.py):
+
+    with sync_playwright() as pw:
+        browser = launch_chromium(pw)
+        page = browser.new_page(viewport=VIEWPORT)
+        flow_run_id = start_custom_run(page, prefect_url, "curate", run_name="ui-curate", overrides=[...])
+        assert wait_for_flow_run(page, prefect_url, flow_run_id) == "Completed"
+
+The browser is Debian's ``chromium`` (``/usr/bin/chromium``, ``apt-get install chromium``; ``make test`` installs
+it where missing), never one Playwright downloads. Pages: the Prefect UI's current ("V2") pages under ``/v2/``
+(where http://127.0.0.1:4200 leads), the MLflow UI in its model-training view (``?workflowType=machine_learning``).
+Selectors follow what a user reads (link and button names, parameter labels); the UIs' markup is that of Prefect
+3.9 and MLflow 3.17 (constraints.txt).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks.tracking import MODEL_TRAINING_VIEW
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Locator, Page, Playwright
+
+CHROMIUM = os.environ.get("DAPO_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+VIEWPORT = {"width": 1280, "height": 800}
+TERMINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
+
+
+def chromium_missing() -> str | None:
+    """Why the browser cannot run here (no Chromium binary, no playwright package), or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (pip install -c constraints.txt -e '.[dev]')"
+    if not Path(CHROMIUM).is_file():
+        return f"no Chromium at {CHROMIUM} (apt-get install -y chromium; `make test` does it where missing)"
+    return None
+
+
+def launch_chromium(pw: Playwright) -> Browser:
+    """Debian's Chromium, headless, no sandbox (root in CI), no GPU, no background traffic."""
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+# ---------------------------------------------------------------- Prefect UI
+
+
+def parameter(page: Page, name: str) -> Locator:
+    """The block of one parameter in a deployment's run form: its label ``<name> (Optional)`` and its input."""
+    return page.locator(f"xpath=//form//label[starts-with(normalize-space(.), '{name} ')]/ancestor::div[fieldset][1]")
+
+
+def open_deployment(page: Page, prefect_url: str, deployment: str) -> None:
+    """The deployments page, then the deployment (by its name, e.g. ``curate``)."""
+    page.goto(f"{prefect_url}/v2/deployments")
+    page.get_by_role("link", name=deployment, exact=True).click()
+    page.get_by_role("button", name="Run", exact=True).wait_for()
+
+
+def fill_custom_run(
+    page: Page,
+    *,
+    run_name: str,
+    config_path: str | None = None,
+    recipe: str | None = None,
+    overrides: tuple[str, ...] | list[str] = (),
+    fields: dict[str, str] | None = None,
+) -> None:
+    """On a deployment's page: Run -> Custom run, then fill the form (Submit is left to the caller).
+
+    ``config_path`` / ``recipe`` switch the optional field from None to str and type the value; each override is
+    one "Add item" of the ``overrides`` list; ``fields`` are other text parameters (``{"run_name": "x"}``)."""
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Custom run").click()
+    page.get_by_role("heading", name="Parameters").wait_for()
+    page.locator("input[name=name]").fill(run_name)  # the flow run's name
+    for name, value in (("config_path", config_path), ("recipe", recipe)):
+        if value is not None:
+            block = parameter(page, name)
+            block.get_by_role("tab", name="str").click()
+            block.locator("textarea, input").first.fill(value)
+    block = parameter(page, "overrides")
+    for item in overrides:
+        block.get_by_role("button", name="Add item").click()
+        block.locator("textarea").last.fill(item)
+    for name, value in (fields or {}).items():
+        block = parameter(page, name)
+        if block.get_by_role("tab", name="str").count():
+            block.get_by_role("tab", name="str").click()
+        block.locator("textarea, input").first.fill(value)
+
+
+def submit_custom_run(page: Page, run_name: str) -> str:
+    """Submit the filled form; the UI goes back to the deployment's runs, where the new run is opened by its name.
+    Returns the flow run's id (from the flow run page's address)."""
+    page.get_by_role("button", name="Submit").click()
+    page.get_by_role("link", name=run_name, exact=True).first.click()
+    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
+    match = re.search(r"/runs/flow-run/([0-9a-f-]{36})", page.url)
+    assert match, page.url
+    return match.group(1)
+
+
+def start_custom_run(page: Page, prefect_url: str, deployment: str, *, run_name: str, **form: object) -> str:
+    """Deployments -> ``deployment`` -> Run -> Custom run -> fill -> Submit -> the run's page; returns its id."""
+    open_deployment(page, prefect_url, deployment)
+    fill_custom_run(page, run_name=run_name, **form)  # type: ignore[arg-type]
+    return submit_custom_run(page, run_name)
+
+
+def flow_run_state(page: Page) -> str | None:
+    """The state badge at the top of a flow run page (``Completed``, ``Running`` ...), or None before it shows."""
+    badges = page.locator("main [data-slot=badge]").filter(has_text=re.compile(r"^\s*[A-Z][a-zA-Z]+\s*$"))
+    for i in range(badges.count()):
+        text = badges.nth(i).inner_text().strip()
+        if text in (*TERMINAL_STATES, "Scheduled", "Pending", "Running", "Late", "Paused", "Cancelling"):
+            return text
+    return None
+
+
+def wait_for_flow_run(page: Page, prefect_url: str, flow_run_id: str, timeout_s: float = 600.0) -> str:
+    """Watch the flow run's page until its badge shows a final state; returns that state.
+
+    The page updates itself while the run goes on; it is reloaded every 30 s in case an update was missed."""
+    url = f"{prefect_url}/v2/runs/flow-run/{flow_run_id}"
+    if not page.url.startswith(url):
+        page.goto(url)
+    deadline, reload_at = time.monotonic() + timeout_s, time.monotonic() + 30
+    state = None
+    while time.monotonic() < deadline:
+        state = flow_run_state(page)
+        if state in TERMINAL_STATES:
+            return state
+        if time.monotonic() > reload_at:
+            page.reload()
+            reload_at = time.monotonic() + 30
+        page.wait_for_timeout(1000)
+    raise TimeoutError(f"flow run {flow_run_id} still {state!r} after {timeout_s:.0f}s ({url})")
+
+
+# ---------------------------------------------------------------- MLflow UI
+
+
+def mlflow_page(mlflow_url: str, route: str) -> str:
+    """An MLflow UI address in the model-training view: ``route`` like ``experiments/1`` or ``experiments/1/runs/x``."""
+    return f"{mlflow_url}/#/{route.lstrip('/')}?{MODEL_TRAINING_VIEW}"
+
+
+def close_mlflow_assistant(page: Page) -> None:
+    """Close the assistant side panel MLflow opens on a browser's first visit (it hides part of the page)."""
+    close = page.locator("button[aria-label=Close]")
+    if close.count() and close.first.is_visible():
+        close.first.click()
