@@ -36,7 +36,9 @@ ui: $(STAMP)
 ui-stop:
 	@if test -x $(BIN)/dapo; then $(BIN)/dapo ui stop; else echo "no $(BIN)/dapo: nothing was started by make ui"; fi
 
+# the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh)
 test: $(STAMP)
+	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
