@@ -16,7 +16,7 @@ MLFLOW_PORT ?= 5000
 include env.mk
 export
 
-.PHONY: run test ui ui-stop lint format bench clean-venv
+.PHONY: run test ui ui-stop screenshots lint format bench clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ ui: $(STAMP)
 # no $(STAMP): stopping must not reinstall anything
 ui-stop:
 	@if test -x $(BIN)/dapo; then $(BIN)/dapo ui stop; else echo "no $(BIN)/dapo: nothing was started by make ui"; fi
+
+# the README's UI screenshots (docs/img/*.png): own servers on free ports and own stores in a temporary directory,
+# two tiny runs started from the Prefect UI's form (~2 min on 2 CPU cores); needs Chromium like the browser test
+screenshots: $(STAMP)
+	@scripts/ensure_chromium.sh
+	$(BIN)/python scripts/ui_screenshots.py --out docs/img
 
 # the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh)
 test: $(STAMP)

@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 from tasks.tracking import MODEL_TRAINING_VIEW
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Locator, Page, Playwright
+    from playwright.sync_api import Browser, Locator, Page, Playwright, ViewportSize
 
 CHROMIUM = os.environ.get("DAPO_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-VIEWPORT = {"width": 1280, "height": 800}
+VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 TERMINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
 
 
@@ -73,11 +73,13 @@ def fill_custom_run(
     recipe: str | None = None,
     overrides: tuple[str, ...] | list[str] = (),
     fields: dict[str, str] | None = None,
+    switches: dict[str, bool] | None = None,
 ) -> None:
     """On a deployment's page: Run -> Custom run, then fill the form (Submit is left to the caller).
 
     ``config_path`` / ``recipe`` switch the optional field from None to str and type the value; each override is
-    one "Add item" of the ``overrides`` list; ``fields`` are other text parameters (``{"run_name": "x"}``)."""
+    one "Add item" of the ``overrides`` list; ``fields`` are other text parameters (``{"run_name": "x"}``);
+    ``switches`` set boolean parameters (``{"dvc_commit": False}``)."""
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Custom run").click()
     page.get_by_role("heading", name="Parameters").wait_for()
@@ -96,6 +98,10 @@ def fill_custom_run(
         if block.get_by_role("tab", name="str").count():
             block.get_by_role("tab", name="str").click()
         block.locator("textarea, input").first.fill(value)
+    for name, on in (switches or {}).items():
+        switch = parameter(page, name).get_by_role("switch")
+        if (switch.get_attribute("aria-checked") == "true") != on:
+            switch.click()
 
 
 def submit_custom_run(page: Page, run_name: str) -> str:
@@ -159,3 +165,27 @@ def close_mlflow_assistant(page: Page) -> None:
     close = page.locator("button[aria-label=Close]")
     if close.count() and close.first.is_visible():
         close.first.click()
+
+
+def expand_parent_run(page: Page, run_name: str) -> None:
+    """In an experiment's runs table: the +/- button left of a parent run's name shows its nested runs."""
+    cell = page.locator("div.ag-cell", has=page.get_by_role("link", name=run_name, exact=True))
+    cell.locator("button").first.click()
+
+
+def compare_runs_page(mlflow_url: str, experiment_id: str, run_ids: list[str]) -> str:
+    """The MLflow UI's "Comparing N Runs" page (parameters, metrics, parallel coordinates) of ``run_ids``."""
+    runs = ",".join(f'"{r}"' for r in run_ids)
+    return f'{mlflow_url}/#/compare-runs?runs=[{runs}]&experiments=["{experiment_id}"]&{MODEL_TRAINING_VIEW}'
+
+
+def choose_compare_metric(page: Page, metric: str) -> None:
+    """On the compare page: the parallel coordinates plot's metric axis shows ``metric`` (instead of the first)."""
+    select = page.locator("xpath=//div[normalize-space(text())='Metrics:']/following-sibling::div[1]")
+    remove = select.locator("[class$=select-selection-item-remove]")
+    for _ in range(remove.count()):
+        remove.first.click()
+    select.click()
+    page.keyboard.type(metric)
+    page.locator(f"[class*=select-item-option][title='{metric}']").click()
+    page.keyboard.press("Escape")
