@@ -167,9 +167,9 @@ def close_mlflow_assistant(page: Page) -> None:
         close.first.click()
 
 
-def expand_parent_run(page: Page, run_name: str) -> None:
+def expand_parent_run(page: Page, run_id: str) -> None:
     """In an experiment's runs table: the +/- button left of a parent run's name shows its nested runs."""
-    cell = page.locator("div.ag-cell", has=page.get_by_role("link", name=run_name, exact=True))
+    cell = page.locator("div.ag-cell", has=page.locator(f"a[href$='/runs/{run_id}']"))
     cell.locator("button").first.click()
 
 

@@ -106,8 +106,8 @@ def take(page: Page, out: Path, name: str) -> None:
     _say(f"{path} ({path.stat().st_size // 1024} KB)")
 
 
-def mlflow_run_ids(mlflow_url: str, pipeline_id: str, grpo_id: str) -> tuple[str, str, str]:
-    """(experiment id, tiny-dapo's run id inside the pipeline's parent run, tiny-grpo's run id) by Prefect tags."""
+def mlflow_run_ids(mlflow_url: str, pipeline_id: str, grpo_id: str) -> tuple[str, str, str, str]:
+    """(experiment id, the pipeline's parent run, tiny-dapo nested in it, tiny-grpo): run ids by Prefect tags."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_url)
@@ -119,7 +119,7 @@ def mlflow_run_ids(mlflow_url: str, pipeline_id: str, grpo_id: str) -> tuple[str
     child = f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and attributes.run_name = 'tiny-dapo'"
     (dapo,) = client.search_runs([exp.experiment_id], child)
     (grpo,) = client.search_runs([exp.experiment_id], by_flow_run.format(grpo_id))
-    return exp.experiment_id, dapo.info.run_id, grpo.info.run_id
+    return exp.experiment_id, parent.info.run_id, dapo.info.run_id, grpo.info.run_id
 
 
 def screenshots(page: Page, prefect_url: str, mlflow_url: str, out: Path) -> None:
@@ -148,11 +148,11 @@ def screenshots(page: Page, prefect_url: str, mlflow_url: str, out: Path) -> Non
     take(page, out, "prefect-deployments")
 
     # (d) the experiment's runs table, the pipeline's nested runs shown; (e) tiny-dapo vs tiny-grpo compared
-    exp_id, dapo_id, grpo_run_id = mlflow_run_ids(mlflow_url, pipeline_id, grpo_id)
+    exp_id, parent_id, dapo_id, grpo_run_id = mlflow_run_ids(mlflow_url, pipeline_id, grpo_id)
     page.goto(B.mlflow_page(mlflow_url, f"experiments/{exp_id}"))
     page.get_by_role("heading", name="Runs").wait_for()
     B.close_mlflow_assistant(page)
-    B.expand_parent_run(page, "pipeline-tiny-dapo")
+    B.expand_parent_run(page, parent_id)
     page.get_by_role("link", name="tiny-dapo", exact=True).wait_for()
     take(page, out, "mlflow-runs")
     page.goto(B.compare_runs_page(mlflow_url, exp_id, [dapo_id, grpo_run_id]))
