@@ -235,6 +235,13 @@ def _wait(s: UiSettings, name: str, started: dict[str, psutil.Process], ready: C
 # ---------------------------------------------------------------- start / stop / status
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on ``host`` now (the OS picks it), for servers started on free ports (tests, screenshots)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Whether binding ``host:port`` fails (SO_REUSEADDR as the servers use it: TIME_WAIT leftovers do not count)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -55,12 +54,6 @@ PIPELINE_SETS = [*SIZES, *RL_SETS, "data.gen_batch_size=8"]
 GRPO_SETS = [*RL_SETS, "data.gen_batch_size=4"]  # no dynamic sampling: generate exactly the train batch
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _say(line: str) -> None:
     print(f"screenshots: {line}", flush=True)
 
@@ -71,7 +64,7 @@ def own_uis(tmp: Path) -> Iterator[ui.UiSettings]:
     work = tmp / "work"
     work.mkdir()
     s = ui.UiSettings(
-        prefect_port=_free_port(), mlflow_port=_free_port(), prefect_home=str(tmp / "prefect-home"),
+        prefect_port=ui.free_port(), mlflow_port=ui.free_port(), prefect_home=str(tmp / "prefect-home"),
         backend_store_uri=f"sqlite:///{tmp / 'mlflow.db'}", artifacts=str(tmp / "mlartifacts"),
         state_dir=str(tmp / "ui"), timeout_s=300,
     )  # fmt: skip

@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from dapo_core.config import ConfigError, load_config
 from flows import serve as S
+from flows.ui import free_port
 from tasks import tracking
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_serve_needs_a_reachable_prefect_server():
 
     result = CliRunner().invoke(app, ["serve"])  # the tests' environment has no PREFECT_API_URL
     assert result.exit_code == 2 and "PREFECT_API_URL is not set" in result.output
-    url = f"http://127.0.0.1:{_free_port()}/api"
+    url = f"http://127.0.0.1:{free_port()}/api"
     with temporary_settings(updates={"PREFECT_API_URL": url}), pytest.raises(S.ServeError, match="no Prefect server"):
         S.prefect_api_url(timeout_s=2)
 
@@ -201,12 +201,6 @@ def test_a_flow_run_from_a_test_lands_in_the_test_database_not_the_users(tmp_pat
 # ---------------- a real server, `dapo serve`, runs triggered like the UI does ----------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def _process(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> Iterator[subprocess.Popen]:
     """Start ``cmd`` in its own process group; on exit stop the whole group (SIGTERM, then SIGKILL)."""
@@ -247,7 +241,7 @@ def _wait_for(check: Callable[[], Any], timeout: float, what: str, logs: list[Pa
 
 @pytest.mark.slow
 def test_runs_triggered_through_the_rest_api(tmp_path, monkeypatch):
-    port, work = _free_port(), tmp_path / "work"
+    port, work = free_port(), tmp_path / "work"
     work.mkdir()
     api = f"http://127.0.0.1:{port}/api"
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

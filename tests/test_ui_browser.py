@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -28,12 +27,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = str(REPO / "params.yaml")
 SMALL = ["curation.synthetic.n=400", "curation.val_size=25", "tracking.log_system_metrics=false"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def uis(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     monkeypatch.setenv("PREFECT_RUNNER_POLL_FREQUENCY", "1")  # `dapo serve` picks up a new run within a second
     settings = ui.UiSettings(
-        prefect_port=_free_port(), mlflow_port=_free_port(), prefect_home=str(tmp_path / "prefect-home"),
+        prefect_port=ui.free_port(), mlflow_port=ui.free_port(), prefect_home=str(tmp_path / "prefect-home"),
         backend_store_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifacts=str(tmp_path / "mlartifacts"),
         state_dir=str(tmp_path / "ui"), timeout_s=300,
     )  # fmt: skip

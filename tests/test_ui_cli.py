@@ -20,12 +20,6 @@ import pytest
 from flows import ui
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "PREFECT_UI_"))}
     env.update(PREFECT_HOME=str(tmp_path / ".prefect"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
@@ -65,7 +59,7 @@ def test_start_status_stop_real_servers(tmp_path, monkeypatch):
 
     # an experiment in the store beforehand: the MLflow server must show this store, not another one
     MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").create_experiment("ui-test-store")
-    pp, mp = _free_port(), _free_port()
+    pp, mp = ui.free_port(), ui.free_port()
     state = tmp_path / "outputs" / "ui"
     try:
         started = dapo_ui(tmp_path, "start", "--prefect-port", str(pp), "--mlflow-port", str(mp), "--timeout", "300")
@@ -120,7 +114,7 @@ def test_port_in_use_is_a_clear_error_and_starts_nothing(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        mlflow_port = _free_port()
+        mlflow_port = ui.free_port()
         result = dapo_ui(tmp_path, "start", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port))
     assert result.returncode == 2
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
@@ -130,7 +124,7 @@ def test_port_in_use_is_a_clear_error_and_starts_nothing(tmp_path):
 
 
 def test_a_server_that_fails_to_start_is_reported_with_its_log_and_nothing_is_left_running(tmp_path):
-    pp, mp = _free_port(), _free_port()
+    pp, mp = ui.free_port(), ui.free_port()
     result = dapo_ui(tmp_path, "start", "--no-serve", "--store", "bogus://nowhere", "--prefect-port", str(pp),
                      "--mlflow-port", str(mp), "--timeout", "120")  # fmt: skip
     assert result.returncode == 2
