@@ -38,6 +38,7 @@ ABLATIONS = [
     "ablation-4-token-level-loss",
     "ablation-5-dynamic-sampling",
 ]
+SUCCESSORS = ["tiny-gspo", "tiny-cispo", "tiny-gmpo", "tiny-drgrpo"]  # issue 17: DAPO's successors
 
 
 def tiny(*overrides: str) -> DapoConfig:
@@ -65,6 +66,7 @@ def test_the_expected_recipes_ship():
         "dapo-qwen2.5-math-1.5b",
         "tiny-dapo",
         "tiny-grpo",
+        *SUCCESSORS,
     }
     assert set(SHIPPED) <= set(available_recipes())
 

@@ -141,8 +141,8 @@ def pick_four(executor: LocalExecutor, cfg: DapoConfig) -> list[SyntheticProblem
     return [candidates[shortlist[j]] for j in ranked[:4]]
 
 
-def overfit(base_dir: str) -> OverfitRun:
-    cfg = load_config(recipe="tiny-dapo", overrides=[f"model.path={base_dir}", *RL_SETTINGS], env={})
+def overfit(base_dir: str, recipe: str = "tiny-dapo") -> OverfitRun:
+    cfg = load_config(recipe=recipe, overrides=[f"model.path={base_dir}", *RL_SETTINGS], env={})
     executor = LocalExecutor(cfg)
     tok = executor.tokenizer
     problems = pick_four(executor, cfg)
@@ -189,7 +189,18 @@ def test_the_base_model_solves_the_four_prompts_only_sometimes(overfit_run) -> N
 
 
 def test_rl_drives_the_four_prompts_to_near_perfect_accuracy(overfit_run) -> None:
-    run = overfit_run
+    _assert_solved(overfit_run)
+
+
+# DAPO's successors (issue 17): the same four prompts, the same settings, the successor's objective.
+@pytest.mark.parametrize("recipe", ["tiny-gspo", "tiny-cispo", "tiny-gmpo", "tiny-drgrpo"])
+def test_each_successor_objective_overfits_the_four_prompts(base_dir, overfit_run, recipe: str) -> None:
+    run = overfit(base_dir, recipe)
+    assert [p.question for p in run.problems] == [p.question for p in overfit_run.problems]  # the same four
+    _assert_solved(run)
+
+
+def _assert_solved(run: OverfitRun) -> None:
     step, acc = run.evals[-1]
     history = [(s, [round(a, 3) for a in accs]) for s, accs in run.evals]
     # measured: solved at step 15 (0.30 -> 0.80 -> 0.90 -> 0.96); from weaker bases (~0.1) by step 50-60

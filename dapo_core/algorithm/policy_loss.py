@@ -7,6 +7,10 @@ For each response token (i, t), with r = pi_theta / pi_old and advantage A_i:
 and, with dual-clip (Ye et al. 2020, used by verl's DAPO recipe with c = 10), for A < 0 the loss is further
 bounded: L_it = min(L_it, -c * A), so a very large ratio on a negative-advantage token cannot blow up the loss.
 GRPO is the same function with eps_high = eps_low and ``loss_agg="seq-mean-token-mean"``.
+
+``mode`` swaps the per-token objective for one of DAPO's successors (``dapo_core.algorithm.objectives``): ``gspo``
+(sequence-level ratio and clip), ``cispo`` (clipped, stop-gradient importance weight), ``gmpo`` (geometric mean of
+token ratios); ``clip_low``/``clip_high`` are then that objective's bounds and ``clip_c`` is not used.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from torch import Tensor
 
 from dapo_core.algorithm.aggregation import agg_loss
 from dapo_core.algorithm.masked import masked_mean
+from dapo_core.algorithm.objectives import cispo_token_losses, gmpo_token_losses, gspo_token_losses
+
+POLICY_LOSS_MODES: tuple[str, ...] = ("ppo-clip", "gspo", "cispo", "gmpo")
 
 # log-ratio clamp before exp: keeps the ratio finite when old and new policies disagree wildly
 # (exp(20) ~ 4.9e8); the clipped objective makes the exact value irrelevant past this point.
@@ -28,7 +35,8 @@ def policy_loss(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    clip_low: float = 0.2,
+    mode: str = "ppo-clip",
+    clip_low: float | None = 0.2,
     clip_high: float = 0.28,
     clip_c: float | None = None,
     loss_agg: str = "token-mean",
@@ -43,8 +51,10 @@ def policy_loss(
         old_log_probs: (N, T) the same under pi_old (the policy that generated the batch).
         advantages: (N, T) or (N,) per-token advantages (GRPO/DAPO broadcast one value per response).
         response_mask: (N, T) 1 for tokens that count (response tokens, not padding / filtered responses).
-        clip_low: eps_low (paper 0.2). clip_high: eps_high (paper 0.28; GRPO 0.2).
-        clip_c: dual-clip constant c > 1 for negative advantages (verl DAPO: 10); None disables it.
+        mode: ``ppo-clip`` (DAPO/GRPO, Eq. 8-10), ``gspo``, ``cispo`` or ``gmpo`` (module doc).
+        clip_low: eps_low (paper 0.2). clip_high: eps_high (paper 0.28; GRPO 0.2). For the other modes, that
+            objective's bounds (gspo 3e-4/4e-4; cispo None/5.0, None = no lower bound; gmpo 0.4/0.4 in log space).
+        clip_c: dual-clip constant c > 1 for negative advantages (verl DAPO: 10); None disables it. ppo-clip only.
         loss_agg: aggregation mode, see ``dapo_core.algorithm.aggregation``.
         global_num_tokens / global_num_seqs / norm_length: denominators, see ``agg_loss``; pass the counts of the
             whole mini-batch (across micro-batches and ranks) to make micro-batch losses sum to the mini-batch loss.
@@ -63,7 +73,11 @@ def policy_loss(
         advantages = advantages.unsqueeze(-1)  # (N, 1) broadcast over T
     if advantages.shape[0] != log_probs.shape[0]:
         raise ValueError(f"advantages has {advantages.shape[0]} rows, log_probs has {log_probs.shape[0]}")
-    if clip_low < 0 or clip_high < clip_low:
+    if mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"unknown policy loss mode {mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
+    if clip_low is None and mode != "cispo":
+        raise ValueError(f"clip_low=None (no lower bound) is a cispo option; mode {mode!r} needs a number")
+    if clip_high < 0 or (clip_low is not None and (clip_low < 0 or (mode == "ppo-clip" and clip_high < clip_low))):
         raise ValueError(f"need 0 <= clip_low <= clip_high, got clip_low={clip_low}, clip_high={clip_high}")
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
@@ -71,6 +85,13 @@ def policy_loss(
     mask = response_mask.to(log_probs.dtype)  # (N, T)
     old_log_probs = old_log_probs.detach()
     advantages = advantages.detach().to(log_probs.dtype)
+    if mode != "ppo-clip":
+        return _successor_loss(
+            mode, log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+            loss_agg=loss_agg, global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs,
+            norm_length=norm_length,
+        )  # fmt: skip
+    assert clip_low is not None
 
     log_ratio = torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
     ratio = torch.exp(log_ratio)  # (N, T)  r_it(theta), DAPO Eq. 9
@@ -112,6 +133,48 @@ def policy_loss(
             "pg_clipfrac_low": float(masked_mean(clipped_low.to(mask.dtype), mask)),
             "pg_clipfrac_dual": float(masked_mean(clipped_dual.to(mask.dtype), mask)),
             # k1 estimator of KL(pi_old || pi_theta): mean of (old - new) log-ratio
+            "ppo_kl": float(masked_mean(-log_ratio, mask)),
+        }
+    return loss, metrics
+
+
+_SUCCESSORS = {"gspo": gspo_token_losses, "cispo": cispo_token_losses, "gmpo": gmpo_token_losses}
+
+
+def _successor_loss(
+    mode: str,
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float | None,
+    clip_high: float,
+    loss_agg: str,
+    global_num_tokens: float | Tensor | None,
+    global_num_seqs: float | Tensor | None,
+    norm_length: float | None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO / CISPO / GMPO: their (N, T) loss matrix through the same aggregation, and the same metric keys."""
+    fn = _SUCCESSORS[mode]
+    losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator]
+    loss = agg_loss(
+        losses,
+        mask,
+        loss_agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+    with torch.no_grad():
+        log_ratio = torch.clamp(log_probs.detach() - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        either = (high | low).to(mask.dtype)
+        metrics = {
+            "pg_loss": float(loss.detach()),
+            "pg_clipfrac": float(masked_mean(either, mask)),
+            "pg_clipfrac_high": float(masked_mean(high.to(mask.dtype), mask)),
+            "pg_clipfrac_low": float(masked_mean(low.to(mask.dtype), mask)),
+            "pg_clipfrac_dual": 0.0,
             "ppo_kl": float(masked_mean(-log_ratio, mask)),
         }
     return loss, metrics

@@ -14,20 +14,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from dapo_core.config.algorithm import (
+    AlgorithmConfig,
+    DynamicSamplingConfig,
+    LossAgg,
+    OverlongConfig,
+    algorithm_problems,
+)
+from dapo_core.config.section import _Section
 from dapo_core.data.curate import CurationConfig
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+__all__ = ["AlgorithmConfig", "DynamicSamplingConfig", "LossAgg", "OverlongConfig"]  # re-exported
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_LOCATION = "./mlartifacts"
-
-
-class _Section(BaseModel):
-    """Base of every config section: unknown keys are an error, assignments are validated."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class DataConfig(_Section):
@@ -147,77 +149,6 @@ class RolloutConfig(_Section):
         gt=0,
         description="Weight sync to vLLM ships the state dict in buckets of at most this many MiB (bounds the "
         "extra host/GPU memory of one sync).",
-    )
-
-
-class DynamicSamplingConfig(_Section):
-    enable: bool = Field(
-        default=True,
-        description="Dynamic sampling (Sec. 3.2, Eq. 11): keep only groups with 0 < #correct < G. Paper: on.",
-    )
-    metric: Literal["acc", "score"] = Field(
-        default="acc", description="Per-response value whose group variance decides. verl DAPO: acc."
-    )
-    max_num_gen_batches: int = Field(
-        default=10, description="Generation batches per step before giving up; <= 0 = unlimited. verl: 10."
-    )
-    on_exhausted: Literal["error", "continue"] = Field(
-        default="error",
-        description="When max_num_gen_batches is hit: error, or continue with the groups kept so far.",
-    )
-
-
-class OverlongConfig(_Section):
-    shaping: bool = Field(
-        default=True, description="Soft overlong punishment (Sec. 3.4, Eq. 13) added to the reward. Paper: on."
-    )
-    buffer_length: int = Field(
-        default=4096, gt=0, description="L_cache, the penalty ramp before L_max (Eq. 13). Paper: 4096."
-    )
-    penalty_factor: float = Field(
-        default=1.0, ge=0, description="Penalty at L_max (the ramp ends at -penalty_factor). verl: 1.0."
-    )
-    filtering: bool = Field(
-        default=False,
-        description="Overlong filtering (Sec. 3.4; the first step of Table 1): mask truncated responses out of the loss. "
-        "verl DAPO script: off.",
-    )
-
-
-class AlgorithmConfig(_Section):
-    adv_estimator: Literal["grpo"] = Field(
-        default="grpo", description="Advantage estimator: group-normalised outcome reward (Eq. 9). DAPO: grpo."
-    )
-    norm_adv_by_std: bool = Field(
-        default=True, description="Divide (r - mean) by the group std (Eq. 9). Paper: true (Dr. GRPO: false)."
-    )
-    clip_low: float = Field(default=0.2, description="eps_low, lower clip: ratio >= 1 - eps_low (Eq. 10). 0.2.")
-    clip_high: float = Field(
-        default=0.28, description="eps_high, Clip-Higher upper clip: ratio <= 1 + eps_high (Eq. 10). DAPO: 0.28."
-    )
-    clip_c: float | None = Field(
-        default=10.0, description="Dual-clip c for negative advantages (> 1); null = off. verl DAPO: 10.0."
-    )
-    loss_agg: LossAgg = Field(
-        default="token-mean",
-        description="Loss aggregation: token-mean (DAPO token-level loss, Eq. 12) or a sample-level mode "
-        "(GRPO: seq-mean-token-mean).",
-    )
-    norm_length: int | None = Field(
-        default=None,
-        gt=0,
-        description="Dr. GRPO constant for seq-mean-token-sum-norm only; null -> data.max_response_length.",
-    )
-    kl_coef: float = Field(default=0.0, ge=0, description="KL penalty coefficient (removed in DAPO Sec. 2.3). 0.")
-    entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus (entropy is still logged). 0.")
-    reward_fn: str = Field(
-        default="math_dapo", description='Rule reward: +1 correct / -1 otherwise (Eq. 7). DAPO: "math_dapo".'
-    )
-    dynamic_sampling: DynamicSamplingConfig = Field(
-        default_factory=DynamicSamplingConfig, description="Dynamic sampling (Sec. 3.2)."
-    )
-    overlong: OverlongConfig = Field(
-        default_factory=OverlongConfig, description="Overlong reward shaping and filtering (Sec. 3.4)."
     )
 
 
@@ -452,7 +383,7 @@ class DapoConfig(_Section):
     def _check_consistency(self) -> DapoConfig:
         problems = [
             *_batch_problems(self),
-            *_clip_problems(self.algorithm),
+            *algorithm_problems(self.algorithm),
             *_sampling_problems(self),
             *_length_problems(self),
             *_engine_problems(self),
@@ -485,31 +416,6 @@ def _batch_problems(cfg: DapoConfig) -> list[str]:
             f"data.gen_batch_size ({cfg.data.gen_batch_size}) must be >= data.train_batch_size ({b}): "
             f"a step keeps train_batch_size groups out of the generated ones; set it to at least {b} "
             f"(verl DAPO: 3 x train_batch_size)"
-        )
-    return out
-
-
-def _clip_problems(alg: AlgorithmConfig) -> list[str]:
-    out = []
-    if not 0 <= alg.clip_low < 1:
-        out.append(
-            f"algorithm.clip_low ({alg.clip_low}) must be in [0, 1): the lower bound 1 - eps_low must stay "
-            f"positive (Eq. 10); use 0.2"
-        )
-    elif alg.clip_high < alg.clip_low:
-        out.append(
-            f"algorithm.clip_low ({alg.clip_low}) must be <= algorithm.clip_high ({alg.clip_high}): "
-            f"Clip-Higher only raises the upper bound (Eq. 10); set clip_high >= clip_low (DAPO: 0.2 / 0.28)"
-        )
-    if alg.clip_c is not None and alg.clip_c <= 1:
-        out.append(
-            f"algorithm.clip_c ({alg.clip_c}) must be > 1 when set: dual-clip caps the ratio at c for negative "
-            f"advantages; use 10.0 (verl DAPO) or null to turn it off"
-        )
-    if alg.norm_length is not None and alg.loss_agg != "seq-mean-token-sum-norm":
-        out.append(
-            f"algorithm.norm_length ({alg.norm_length}) only applies to loss_agg 'seq-mean-token-sum-norm' "
-            f"(got '{alg.loss_agg}'): remove it, or set algorithm.loss_agg=seq-mean-token-sum-norm"
         )
     return out
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dapo_core.config import DapoConfig
+from dapo_core.config.algorithm import objective_bounds
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
@@ -47,9 +48,11 @@ def loss_config_from(cfg: DapoConfig) -> LossConfig:
     norm_length = a.norm_length
     if a.loss_agg == "seq-mean-token-sum-norm" and norm_length is None:
         norm_length = cfg.data.max_response_length  # Dr. GRPO: one constant for every sequence
+    clip_low, clip_high = objective_bounds(a)
     return LossConfig(
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
+        mode=a.policy_loss,
+        clip_low=clip_low,
+        clip_high=clip_high,
         clip_c=a.clip_c,
         loss_agg=a.loss_agg,
         norm_length=norm_length,

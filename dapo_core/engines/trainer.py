@@ -70,7 +70,8 @@ _TOKEN_WEIGHTED = (
 class LossConfig:
     """The knobs of the policy loss (paper values for DAPO)."""
 
-    clip_low: float = 0.2
+    mode: str = "ppo-clip"  # or gspo / cispo / gmpo (dapo_core.algorithm.objectives)
+    clip_low: float | None = 0.2  # the mode's bounds; None only for cispo (no lower bound)
     clip_high: float = 0.28
     clip_c: float | None = None
     loss_agg: str = "token-mean"
@@ -329,6 +330,7 @@ class PolicyTrainer:
                 mb.old_log_probs,
                 mb.advantages,
                 mb.response_mask,
+                mode=loss_cfg.mode,
                 clip_low=loss_cfg.clip_low,
                 clip_high=loss_cfg.clip_high,
                 clip_c=loss_cfg.clip_c,
