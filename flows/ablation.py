@@ -5,6 +5,7 @@ Run it::
     dapo ablation                                   # tiny-dapo, both regimes, 3 seeds, recipe's steps
     dapo ablation --regimes tuned --seeds 5 --steps 48 --out benchmarks/results
     dapo ablation --quick                           # 1 seed, 2 steps, both regimes -> outputs/ablation-quick/
+    dapo ablation --regimes tuned --rungs dapo,gspo,cispo,gmpo,dr-grpo --name successors   # DAPO's successors
 
 Steps: curate + base model (reused when up to date; or ``--base DIR``) -> evaluate the base model -> for each
 regime (``tuned``: the recipe's lr; ``aggressive``: 10x) and each cumulative rung of the ladder
@@ -29,18 +30,20 @@ from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.config.ablation import (
+    ALL_RUNGS,
     EVIDENCE_KEYS,
     SFT_CONTROL,
     Regime,
     Rung,
     build_ladder,
     build_regimes,
+    parse_rungs,
     run_name,
     run_overrides,
 )
 from dapo_core.engines.sft import WarmStartConfig
 from dapo_core.engines.sft_control import continue_warm_start
-from dapo_core.evaluation.ablation_report import summarize_rung, write_report
+from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
 from flows.base_model import base_model_flow, warm_start_settings
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
@@ -203,11 +206,14 @@ def ablation_flow(
     seeds: int = DEFAULT_SEEDS,
     base: str | None = None,
     out_dir: str = DEFAULT_OUT_DIR,
+    rungs: list[str] | None = None,
+    name: str = "ablation",
 ) -> dict[str, Any]:
     """Run the ladder x regimes x seeds (+ the supervised control), write and log the report; returns the results.
 
     Defaults: recipe ``tiny-dapo`` (when no config file is given either), both regimes, the recipe's
-    ``trainer.total_steps``, seeds 1..3.
+    ``trainer.total_steps``, seeds 1..3, the Table-1 ladder and ``sft-control`` (``rungs``: any of
+    ``dapo_core.config.ablation.KNOWN_RUNGS``, successors included). ``name``: the report files' stem.
     """
     plog = get_run_logger()
     if config_path is None and recipe is None:
@@ -216,16 +222,24 @@ def ablation_flow(
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=common["overrides"])
     if seeds < 1:
         raise ValueError(f"--seeds ({seeds}) must be >= 1 (seeds 1..N go to trainer.seed), e.g. --seeds 3")
-    ladder = build_ladder(cfg)
+    rung_names = parse_rungs(rungs or list(ALL_RUNGS))
+    ladder = build_ladder(cfg, rung_names)
     plan = build_regimes(cfg, regimes or ["tuned", "aggressive"], tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
     n_steps = steps if steps is not None else cfg.trainer.total_steps
+    report_stem(name)  # a bad --name fails here, before any work
     run_overrides([], ladder[0], plan[0], 1, n_steps)  # a bad --steps fails here, before any work
     t0 = time.perf_counter()
     tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
-    with tracking.start_run(cfg, run_name=f"ablation-{cfg.recipe}", tags=tags) as parent:
+    parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
+    with tracking.start_run(cfg, run_name=parent_name, tags=tags) as parent:
         tracking.log_params_flat(cfg)
         tracking.set_tags(
-            {"ablation.steps": n_steps, "ablation.seeds": seeds, "ablation.regimes": ",".join(r.name for r in plan)}
+            {
+                "ablation.steps": n_steps,
+                "ablation.seeds": seeds,
+                "ablation.regimes": ",".join(r.name for r in plan),
+                "ablation.rungs": ",".join(rung_names),
+            }
         )
         prepared = _prepare_base(common, cfg, base)
         base_eval = evaluate_flow(
@@ -241,13 +255,14 @@ def ablation_flow(
                     for seed in range(1, seeds + 1)
                 ]
                 rungs.append(summarize_rung(rung.name, records))
-            # the control's budget: the dapo rung's summed step time (its training, not its validations/checkpoints)
-            dapo = rungs[-1]
-            dapo_time = {
-                s: t or w for s, t, w in zip(dapo["seed_ids"], dapo["train_s"], dapo["wall_s_seeds"], strict=True)
-            }
-            controls = [_control(common, cfg, regime, s, dapo_time[s], prepared) for s in range(1, seeds + 1)]
-            rungs.append(summarize_rung(SFT_CONTROL, controls))
+            if SFT_CONTROL in rung_names:
+                # the control's budget: the dapo rung's summed step time (its training, not validations/checkpoints)
+                dapo = next(r for r in rungs if r["name"] == "dapo")
+                dapo_time = {
+                    s: t or w for s, t, w in zip(dapo["seed_ids"], dapo["train_s"], dapo["wall_s_seeds"], strict=True)
+                }
+                controls = [_control(common, cfg, regime, s, dapo_time[s], prepared) for s in range(1, seeds + 1)]
+                rungs.insert(rung_names.index(SFT_CONTROL), summarize_rung(SFT_CONTROL, controls))
             results["regimes"][regime.name] = {"lr": regime.lr, "rungs": rungs}
             tracking.log_metrics({f"ablation/{regime.name}/{r['name']}/mean": r["mean"] for r in rungs}, step=n_steps)
         results.update(
@@ -269,7 +284,7 @@ def ablation_flow(
                 "wall_s": time.perf_counter() - t0,
             }
         )
-        paths = write_report(results, out_dir)
+        paths = write_report(results, out_dir, name=name)
         for path in (paths.json, paths.md, paths.png):
             tracking.log_artifact(path, "ablation")
     plog.info("ablation done in %.0fs: %s, %s, %s", results["wall_s"], paths.json, paths.md, paths.png)

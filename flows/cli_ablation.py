@@ -41,6 +41,18 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option("--out", help="Report dir (default benchmarks/results; --quick: outputs/ablation-quick)."),
         ] = None,
+        rungs: Annotated[
+            str | None,
+            typer.Option(
+                "--rungs",
+                help="Comma-separated rungs (default: the Table-1 ladder and sft-control): grpo, overlong-filtering, "
+                "clip-higher, soft-overlong, token-level-loss, dapo; successors gspo, cispo, gmpo, dr-grpo; "
+                "sft-control (needs dapo).",
+            ),
+        ] = None,
+        name: Annotated[
+            str, typer.Option("--name", help="Report file stem: <out>/<name>.json/.md/.png (e.g. successors).")
+        ] = "ablation",
         quick: Annotated[
             bool,
             typer.Option("--quick", help="One seed, 2 steps, both regimes (a smoke run; shrink the model with --set)."),
@@ -68,10 +80,13 @@ def register(app: typer.Typer) -> None:
             seeds = QUICK_SEEDS if seeds is None else seeds
         out_dir = str(out) if out is not None else (QUICK_OUT_DIR if quick else DEFAULT_OUT_DIR)
         # the plan's own checks (a DAPO recipe, regime names, lrs, steps) before any work
-        from dapo_core.config.ablation import build_ladder, build_regimes, curve_test_freq, parse_regimes
+        from dapo_core.config.ablation import build_ladder, build_regimes, curve_test_freq, parse_regimes, parse_rungs
+        from dapo_core.evaluation.ablation_report import report_stem
 
         try:
-            build_ladder(cfg)
+            rung_names = parse_rungs(rungs) if rungs is not None else None
+            report_stem(name)
+            build_ladder(cfg, rung_names)
             build_regimes(cfg, regimes, tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
             curve_test_freq(steps if steps is not None else cfg.trainer.total_steps)
             if seeds is not None and seeds < 1:
@@ -86,6 +101,7 @@ def register(app: typer.Typer) -> None:
                 config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [],
                 regimes=parse_regimes(regimes), tuned_lr=tuned_lr, aggressive_lr=aggressive_lr, steps=steps,
                 seeds=seeds if seeds is not None else DEFAULT_SEEDS, base=str(base) if base else None, out_dir=out_dir,
+                rungs=rung_names, name=name,
             )  # fmt: skip
         except USER_ERRORS as exc:
             fail(str(exc))

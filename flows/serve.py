@@ -250,24 +250,33 @@ def ablation_deployment(
         None, description="Report dir; empty: benchmarks/results (quick: outputs/ablation-quick)."
     ),
     quick: bool = Field(False, description="A smoke run: one seed, 2 steps, both regimes."),
+    rungs: list[str] | None = Field(
+        None,
+        description="Rungs to run; empty: the Table-1 ladder and sft-control. Also gspo, cispo, gmpo, dr-grpo "
+        "(DAPO's successors); sft-control needs dapo.",
+    ),
+    name: str = Field("ablation", description="Report file stem: <out_dir>/<name>.json/.md/.png."),
 ) -> Any:
     """`dapo ablation`: Table 1 in miniature (GRPO -> + each DAPO technique -> DAPO) vs a supervised control."""
 
     def body() -> dict[str, Any]:
-        from dapo_core.config.ablation import build_ladder, build_regimes, curve_test_freq
+        from dapo_core.config.ablation import build_ladder, build_regimes, curve_test_freq, parse_rungs
+        from dapo_core.evaluation.ablation_report import report_stem
         from flows import ablation as A
 
         name = A.DEFAULT_RECIPE if config_path is None and recipe is None else recipe
         cfg = _load(config_path, name, overrides)
         n_steps = steps if steps is not None else (A.QUICK_STEPS if quick else None)
         n_seeds = seeds if seeds is not None else (A.QUICK_SEEDS if quick else A.DEFAULT_SEEDS)
-        build_ladder(cfg)  # the plan's own checks, before any work (as `dapo ablation`)
+        rung_names = parse_rungs(rungs) if rungs else None
+        report_stem(name)
+        build_ladder(cfg, rung_names)  # the plan's own checks, before any work (as `dapo ablation`)
         build_regimes(cfg, list(regimes), tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
         curve_test_freq(n_steps if n_steps is not None else cfg.trainer.total_steps)
         return A.ablation_flow.fn(
             config_path=config_path, recipe=name, overrides=list(overrides), regimes=list(regimes),
             tuned_lr=tuned_lr, aggressive_lr=aggressive_lr, steps=n_steps, seeds=n_seeds, base=base,
-            out_dir=out_dir or (A.QUICK_OUT_DIR if quick else A.DEFAULT_OUT_DIR),
+            out_dir=out_dir or (A.QUICK_OUT_DIR if quick else A.DEFAULT_OUT_DIR), rungs=rung_names, name=name,
         )  # fmt: skip
 
     return _run_stage(body, lambda: (*_train_errors(), ValueError))

@@ -13,17 +13,21 @@ from dapo_core.config import load_config
 from dapo_core.config.ablation import (
     ALL_RUNGS,
     EVIDENCE_KEYS,
+    KNOWN_RUNGS,
     LADDER_KEYS,
     PAPER_AIME,
     RUNG_NAMES,
     SFT_CONTROL,
+    SUCCESSOR_RUNGS,
     build_ladder,
     build_regimes,
     curve_test_freq,
     parse_regimes,
+    parse_rungs,
     recipe_settings,
     run_overrides,
 )
+from dapo_core.engines.executor import loss_config_from
 from dapo_core.evaluation.ablation_report import (
     check_results,
     paired_difference,
@@ -87,6 +91,49 @@ def test_a_recipe_without_dapos_techniques_is_a_clear_error():
     assert "dynamic_sampling.enable" in str(err.value) and "--recipe tiny-dapo" in str(err.value)
 
 
+def test_successor_rungs_change_only_the_objective():
+    cfg = load_config(recipe="tiny-dapo", env={})
+    names = ["grpo", "dapo", *SUCCESSOR_RUNGS]
+    rungs = {r.name: r for r in build_ladder(cfg, [*names, SFT_CONTROL])}
+    assert list(rungs) == names  # the requested order; sft-control is not a training rung
+    objective = {"algorithm.policy_loss", "algorithm.loss_agg", "algorithm.norm_adv_by_std"}
+    for succ, base in (("gspo", "dapo"), ("cispo", "dapo"), ("gmpo", "dapo"), ("dr-grpo", "grpo")):
+        changed = {k for k in LADDER_KEYS if rungs[succ].settings[k] != rungs[base].settings[k]}
+        assert changed and changed <= objective, (succ, changed)
+    want = {
+        "gspo": ("gspo", (3e-4, 4e-4), "seq-mean-token-mean"),
+        "cispo": ("cispo", (None, 5.0), "token-mean"),
+        "gmpo": ("gmpo", (0.4, 0.4), "seq-mean-token-mean"),
+        "dr-grpo": ("ppo-clip", (0.2, 0.2), "seq-mean-token-sum-norm"),
+        "dapo": ("ppo-clip", (0.2, 0.28), "token-mean"),
+    }
+    for name, (mode, bounds, agg) in want.items():
+        run = load_config(recipe="tiny-dapo", overrides=rungs[name].overrides(), env={})
+        loss = loss_config_from(run)
+        assert (loss.mode, (loss.clip_low, loss.clip_high), loss.loss_agg) == (mode, bounds, agg), name
+        assert run.algorithm.norm_adv_by_std is (name != "dr-grpo")
+    # the shipped recipes and the rungs agree on the objective
+    for name in ("gspo", "cispo", "gmpo"):
+        run = load_config(recipe="tiny-dapo", overrides=rungs[name].overrides(), env={})
+        assert run.algorithm == load_config(recipe=f"tiny-{name}", env={}).algorithm
+    drgrpo = load_config(recipe="tiny-dapo", overrides=rungs["dr-grpo"].overrides(), env={})
+    assert drgrpo.algorithm == load_config(recipe="tiny-drgrpo", env={}).algorithm
+    assert rungs["gspo"].paper_aime is None and rungs["dapo"].paper_aime == 50.0
+
+
+def test_parse_rungs_keeps_order_and_refuses_bad_plans():
+    assert parse_rungs(" dapo, gspo ,dapo,sft-control") == ["dapo", "gspo", "sft-control"]
+    assert set(KNOWN_RUNGS) == {*RUNG_NAMES, *SUCCESSOR_RUNGS, SFT_CONTROL}
+    with pytest.raises(ValueError, match=r"unknown rung\(s\) \['gpso'\]; valid: grpo"):
+        parse_rungs("dapo,gpso")
+    with pytest.raises(ValueError, match="needs dapo among the rungs"):
+        parse_rungs("grpo,sft-control")
+    with pytest.raises(ValueError, match="none given"):
+        parse_rungs(" , ")
+    with pytest.raises(ValueError, match=r"policy_loss \(gspo\) must be ppo-clip.*--rungs grpo,...,dapo,gspo"):
+        build_ladder(load_config(recipe="tiny-gspo", env={}))
+
+
 def test_regimes_lrs_and_run_overrides():
     cfg = load_config(recipe="tiny-dapo", env={})
     tuned, aggressive = build_regimes(cfg, "tuned,aggressive")
@@ -118,6 +165,9 @@ def test_regimes_lrs_and_run_overrides():
         (["--steps", "0"], "must be >= 1"),
         (["--seeds", "0"], "--seeds (0) must be >= 1"),
         (["--aggressive-lr", "-1"], "--aggressive-lr (-1.0) must be a learning rate > 0"),
+        (["--rungs", "dapo,gpso"], "unknown rung(s) ['gpso']"),
+        (["--rungs", "gspo,sft-control"], "needs dapo among the rungs"),
+        (["--name", "../x"], "must be a plain name"),
     ],
 )
 def test_cli_rejects_a_bad_plan_before_any_work(args, message):
@@ -145,7 +195,7 @@ def _records(name: str, offset: float) -> list[dict]:
         rec = {"seed": seed, "acc": acc, "wall_s": 10.0 + seed, "run_id": f"{name}{seed}"}
         if name != SFT_CONTROL:
             rec["curve"] = [[0, 0.2], [4, 0.2 + offset], [8, acc]]
-            rec.update({k: 0.1 * (1 + RUNG_NAMES.index(name)) for k in EVIDENCE_KEYS})
+            rec.update({k: 0.1 * (1 + KNOWN_RUNGS.index(name)) for k in EVIDENCE_KEYS})
             rec["response_length/clip_ratio"] = 0.2 if name == "grpo" else 0.0
         out.append(rec)
     return out
@@ -190,6 +240,22 @@ def test_report_files_schema_and_the_dapo_minus_grpo_line(tmp_path):
     assert "truncation at max_response_length (response_length/clip_ratio): grpo 20.0%" in md
     assert "TODO" not in md and "{" not in md
     assert paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths.png.stat().st_size > 10_000
+
+
+def test_a_successors_report_names_its_files_and_compares_each_with_its_base(tmp_path):
+    rungs = [summarize_rung(n, _records(n, 0.02 * i)) for i, n in enumerate(["grpo", "dapo", *SUCCESSOR_RUNGS])]
+    results = {"regimes": {"tuned": {"lr": 1e-4, "rungs": rungs}}, "base_acc": 0.19, "k": 8, "steps": 8}
+    paths = write_report(results, tmp_path, name="successors")
+    assert {p.name for p in tmp_path.iterdir()} == {"successors.json", "successors.md", "successors.png"}
+    md = paths.md.read_text()
+    assert md.startswith("# DAPO and its successors") and "Curves (successors.png)" in md
+    # gspo's per-seed accuracy is 0.4 + 0.04 against DAPO_ACC: -0.06, -0.16, -0.26
+    line = next(x for x in md.splitlines() if x.startswith("- **gspo − dapo (same seeds)**"))
+    assert "-0.160 held-out" in line and "per seed -0.060, -0.160, -0.260" in line
+    assert "- **dr-grpo − grpo (same seeds)**" in md and "- **cispo − dapo" in md and "- **gmpo − dapo" in md
+    assert "| gspo | – |" in md  # not in Table 1: no paper number
+    with pytest.raises(ValueError, match="must be a plain name"):
+        write_report(results, tmp_path, name="a/b")
 
 
 def test_paired_difference_and_one_seed():
@@ -294,3 +360,45 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
         "ablation/ablation.md",
         "ablation/ablation.png",
     }
+
+
+@pytest.mark.slow
+def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch):
+    """DAPO's successors beside the ladder (issue 17): each rung trains with its objective, one report named
+    successors, the dr-grpo and gspo runs carrying their settings in MLflow."""
+    import train_fixtures  # noqa: F401  (registers the test rewards)
+    from mlflow.tracking import MlflowClient
+    from prefect.testing.utilities import prefect_test_harness
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_location={tmp_path}/a"]
+    rungs = ["dapo", *SUCCESSOR_RUNGS]
+    args = ["ablation", "--quick", "--regimes", "tuned", "--rungs", ",".join(rungs), "--name", "successors"]
+    for item in [*TINY, *store]:
+        args += ["--set", item]
+    with prefect_test_harness(server_startup_timeout=120):
+        result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+    out = tmp_path / "outputs/ablation-quick"
+    assert {p.name for p in out.iterdir()} == {"successors.json", "successors.md", "successors.png"}
+    data = json.loads((out / "successors.json").read_text())
+    assert list(data["regimes"]) == ["tuned"]
+    assert [r["name"] for r in data["regimes"]["tuned"]["rungs"]] == rungs
+    for r in data["regimes"]["tuned"]["rungs"]:
+        assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    parent = client.get_run(data["parent_run_id"])
+    assert parent.info.run_name == "successors-tiny-dapo" and parent.data.tags["ablation.rungs"] == ",".join(rungs)
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )
+    params = {r.info.run_name: r.data.params for r in children}
+    assert params["ablation-tuned-gspo-s1"]["algorithm.policy_loss"] == "gspo"
+    assert params["ablation-tuned-cispo-s1"]["algorithm.policy_loss"] == "cispo"
+    assert params["ablation-tuned-gmpo-s1"]["algorithm.loss_agg"] == "seq-mean-token-mean"
+    assert params["ablation-tuned-dr-grpo-s1"]["algorithm.norm_adv_by_std"] == "false"
+    assert params["ablation-tuned-dapo-s1"]["algorithm.policy_loss"] == "ppo-clip"

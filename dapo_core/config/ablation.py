@@ -11,6 +11,11 @@ last rung (``dapo``) sets each key to the recipe's own value: it *is* the recipe
 Table 1 (AIME 2024 avg@32, Qwen2.5-32B): GRPO 30 -> +overlong filtering 36 -> +clip-higher 38 -> +soft overlong
 punishment 41 -> +token-level loss 42 -> +dynamic sampling 50. A supervised control (``sft-control``) closes the
 table: the same base model given the dapo rung's training time of continued supervised training.
+
+DAPO's successors can stand beside the ladder (``build_ladder(cfg, rungs=[..., "gspo"])``, ``dapo ablation --rungs``):
+``gspo``, ``cispo`` and ``gmpo`` are the dapo rung with that objective instead of PPO-clip (their bounds from the
+config's ``algorithm.gspo`` / ``cispo`` / ``gmpo`` sections, the papers' defaults); ``dr-grpo`` is the grpo rung
+without GRPO's std normalisation and length normalisation (Dr. GRPO).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ LADDER_KEYS: tuple[str, ...] = (
     "algorithm.loss_agg",
     "algorithm.dynamic_sampling.enable",
     "data.gen_batch_size",
+    "algorithm.policy_loss",
+    "algorithm.norm_adv_by_std",
 )
 
 SFT_CONTROL = "sft-control"
@@ -41,7 +48,9 @@ RUNG_NAMES: tuple[str, ...] = (
     "token-level-loss",
     "dapo",
 )
-ALL_RUNGS: tuple[str, ...] = (*RUNG_NAMES, SFT_CONTROL)
+ALL_RUNGS: tuple[str, ...] = (*RUNG_NAMES, SFT_CONTROL)  # the default plan: Table 1 and the control
+SUCCESSOR_RUNGS: tuple[str, ...] = ("gspo", "cispo", "gmpo", "dr-grpo")  # beside the ladder (issue 17)
+KNOWN_RUNGS: tuple[str, ...] = (*RUNG_NAMES, *SUCCESSOR_RUNGS, SFT_CONTROL)
 
 # DAPO paper, Table 1: AIME 2024 avg@32 of Qwen2.5-32B after each cumulative technique.
 PAPER_AIME: dict[str, float] = {
@@ -78,8 +87,8 @@ class Rung:
     settings: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def paper_aime(self) -> float:
-        return PAPER_AIME[self.name]
+    def paper_aime(self) -> float | None:
+        return PAPER_AIME.get(self.name)  # None beside the ladder (the successors are not in Table 1)
 
     def overrides(self) -> list[str]:
         """``dotted.key=value`` strings (YAML values, as ``--set`` takes them), one per ladder key."""
@@ -109,6 +118,8 @@ def recipe_settings(cfg: DapoConfig) -> dict[str, Any]:
         "algorithm.loss_agg": a.loss_agg,
         "algorithm.dynamic_sampling.enable": a.dynamic_sampling.enable,
         "data.gen_batch_size": cfg.data.gen_batch_size,
+        "algorithm.policy_loss": a.policy_loss,
+        "algorithm.norm_adv_by_std": a.norm_adv_by_std,
     }
 
 
@@ -131,6 +142,16 @@ def check_dapo_recipe(cfg: DapoConfig) -> None:
             "algorithm.dynamic_sampling.enable is false, the dapo rung needs it: "
             "set --set algorithm.dynamic_sampling.enable=true"
         )
+    if a.policy_loss != "ppo-clip":
+        problems.append(
+            f"algorithm.policy_loss ({a.policy_loss}) must be ppo-clip, the objective of Table 1: use --recipe "
+            f"tiny-dapo and put {a.policy_loss} beside the ladder with --rungs grpo,...,dapo,{a.policy_loss}"
+        )
+    if not a.norm_adv_by_std:
+        problems.append(
+            "algorithm.norm_adv_by_std is false, GRPO and DAPO divide by the group std (Eq. 9): "
+            "set --set algorithm.norm_adv_by_std=true"
+        )
     if not a.overlong.shaping:
         problems.append(
             "algorithm.overlong.shaping is false, the soft-overlong rung needs it: "
@@ -143,8 +164,10 @@ def check_dapo_recipe(cfg: DapoConfig) -> None:
         )
 
 
-def build_ladder(cfg: DapoConfig) -> list[Rung]:
-    """The six cumulative rungs of Table 1, from GRPO up to the recipe itself (see the module doc)."""
+def build_ladder(cfg: DapoConfig, rungs: Sequence[str] | None = None) -> list[Rung]:
+    """The six cumulative rungs of Table 1, from GRPO up to the recipe itself (see the module doc); with ``rungs``
+    (names from ``parse_rungs``), those rungs in that order, successors included (``sft-control`` is not a
+    training rung and is skipped here)."""
     check_dapo_recipe(cfg)
     recipe = recipe_settings(cfg)
     grpo = {
@@ -154,6 +177,8 @@ def build_ladder(cfg: DapoConfig) -> list[Rung]:
         "algorithm.loss_agg": "seq-mean-token-mean",  # the sample-level loss of GRPO
         "algorithm.dynamic_sampling.enable": False,
         "data.gen_batch_size": cfg.data.train_batch_size,  # no over-sampling without dynamic sampling
+        "algorithm.policy_loss": "ppo-clip",
+        "algorithm.norm_adv_by_std": True,
     }
     steps: list[tuple[str, str, dict[str, Any]]] = [
         ("grpo", "GRPO baseline", {}),
@@ -184,7 +209,48 @@ def build_ladder(cfg: DapoConfig) -> list[Rung]:
     for name, adds, change in steps:
         current = {**current, **change}
         ladder.append(Rung(name=name, adds=adds, keys=tuple(change), settings=dict(current)))
-    return ladder
+    if rungs is None:
+        return ladder
+    beside = _successor_rungs(ladder[0], ladder[-1])
+    by_name = {r.name: r for r in [*ladder, *beside]}
+    return [by_name[n] for n in parse_rungs(rungs) if n != SFT_CONTROL]
+
+
+def _successor_rungs(grpo: Rung, dapo: Rung) -> list[Rung]:
+    """GSPO, CISPO, GMPO on the dapo rung; Dr. GRPO on the grpo rung (module doc)."""
+    changes: list[tuple[str, str, Rung, dict[str, Any]]] = [
+        ("gspo", "dapo with GSPO's sequence-level ratio and clip", dapo,
+         {"algorithm.policy_loss": "gspo", "algorithm.loss_agg": "seq-mean-token-mean"}),
+        ("cispo", "dapo with CISPO's clipped stop-gradient IS weight", dapo,
+         {"algorithm.policy_loss": "cispo", "algorithm.loss_agg": "token-mean"}),
+        ("gmpo", "dapo with GMPO's geometric mean of token ratios", dapo,
+         {"algorithm.policy_loss": "gmpo", "algorithm.loss_agg": "seq-mean-token-mean"}),
+        ("dr-grpo", "grpo without std and length normalisation (Dr. GRPO)", grpo,
+         {"algorithm.norm_adv_by_std": False, "algorithm.loss_agg": "seq-mean-token-sum-norm"}),
+    ]  # fmt: skip
+    return [
+        Rung(name=name, adds=adds, keys=tuple(change), settings={**base.settings, **change})
+        for name, adds, base, change in changes
+    ]
+
+
+def parse_rungs(text: str | Sequence[str]) -> list[str]:
+    """``"grpo,dapo,gspo,sft-control"`` (or a list) -> validated rung names in the given order, without repeats.
+    ``sft-control`` needs ``dapo`` (its time budget is the dapo rung's training time)."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    names = list(dict.fromkeys(n.strip() for n in items if n.strip()))
+    unknown = [n for n in names if n not in KNOWN_RUNGS]
+    if unknown or not names:
+        raise ValueError(
+            f"--rungs {text!r}: unknown rung(s) {unknown or '(none given)'}; valid: {', '.join(KNOWN_RUNGS)} "
+            "(comma-separated, e.g. --rungs grpo,dapo,gspo,sft-control)"
+        )
+    if SFT_CONTROL in names and "dapo" not in names:
+        raise ValueError(
+            f"--rungs {text!r}: {SFT_CONTROL} spends the dapo rung's training time, so it needs dapo among the "
+            f"rungs: add dapo, or leave {SFT_CONTROL} out"
+        )
+    return names
 
 
 def parse_regimes(text: str | Sequence[str]) -> list[str]:

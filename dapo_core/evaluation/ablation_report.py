@@ -16,15 +16,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config.ablation import EVIDENCE_KEYS, PAPER_AIME, SFT_CONTROL
+from dapo_core.config.ablation import EVIDENCE_KEYS, PAPER_AIME, RUNG_NAMES, SFT_CONTROL, SUCCESSOR_RUNGS
 
-JSON_NAME, MD_NAME, PNG_NAME = "ablation.json", "ablation.md", "ablation.png"
 NOISE_SIGMAS = 2.0  # a difference counts when mean - 2 std of the per-seed differences is above 0
 TIE = 1e-9  # accuracies closer than this are equal (avg@k of the same problems is a ratio of small integers)
 TRUNCATION_MIN = 0.01  # response_length/clip_ratio above this counts as truncation worth naming
@@ -164,7 +164,9 @@ def findings(results: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     for name, regime in results["regimes"].items():
         rungs = _rungs(regime)
-        ladder = [r for r in regime["rungs"] if r["name"] != SFT_CONTROL]
+        ladder = [r for r in regime["rungs"] if r["name"] in RUNG_NAMES]
+        if not ladder:
+            continue
         top = max(r["mean"] for r in ladder)
         best = [r["name"] for r in ladder if math.isclose(r["mean"], top, abs_tol=TIE)]
         drops = [
@@ -224,11 +226,20 @@ def findings(results: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def render_markdown(results: Mapping[str, Any]) -> str:
-    """The report: per regime a table and the DAPO − GRPO / DAPO − sft-control lines, then the findings."""
+def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png") -> str:
+    """The report: per regime a table and the DAPO − GRPO / DAPO − sft-control (and successor − DAPO) lines, then
+    the findings."""
     k = results.get("k")
+    names = {r["name"] for regime in results["regimes"].values() for r in regime["rungs"]}
+    title = "# DAPO ablation (Table 1 in miniature)"
+    if names & set(SUCCESSOR_RUNGS):
+        title = (
+            "# DAPO and its successors"
+            if not names & (set(RUNG_NAMES) - {"grpo", "dapo"})
+            else title + " and successors"
+        )
     lines = [
-        "# DAPO ablation (Table 1 in miniature)",
+        title,
         "",
         f"Held-out avg@{k if k is not None else 'k'} on problems never trained on (one fixed evaluation seed); "
         "paper: AIME 2024 avg@32 of Qwen2.5-32B (Table 1), shown for the shape of the ladder, not the scale.",
@@ -247,9 +258,14 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         if "dapo" in rungs and SFT_CONTROL in rungs:
             diff = paired_difference(rungs["dapo"], rungs[SFT_CONTROL])
             lines.append("- " + difference_line("DAPO − sft-control (same time, supervised)", diff))
+        for succ in SUCCESSOR_RUNGS:
+            ref = "grpo" if succ == "dr-grpo" else "dapo"
+            if succ in rungs and ref in rungs:
+                diff = paired_difference(rungs[succ], rungs[ref])
+                lines.append("- " + difference_line(f"{succ} − {ref} (same seeds)", diff))
     lines += [
         "",
-        f"Evidence columns: means over each run of {legend}. Curves (ablation.png): each training run's own "
+        f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
         "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator. "
         "sft-control: the base model given the dapo rung's training time (its summed timing_s/step, same seed) of "
         "continued supervised training.",
@@ -315,13 +331,24 @@ def check_results(results: Mapping[str, Any]) -> None:
                 )
 
 
-def write_report(results: Mapping[str, Any], out_dir: str | Path) -> ReportPaths:
-    """``ablation.json``, ``ablation.md`` and ``ablation.png`` under ``out_dir`` (created)."""
+def report_stem(name: str) -> str:
+    """The report files' stem (``ablation``, ``successors``): a plain file name, else ValueError with the fix."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name) or name.endswith(".json"):
+        raise ValueError(
+            f"--name {name!r}: the report files' stem must be a plain name (letters, digits, . _ -), e.g. "
+            "--name successors (writes successors.json, .md, .png)"
+        )
+    return name
+
+
+def write_report(results: Mapping[str, Any], out_dir: str | Path, *, name: str = "ablation") -> ReportPaths:
+    """``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out_dir`` (created); name default ``ablation``."""
     check_results(results)
+    stem = report_stem(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    js = out / JSON_NAME
+    js = out / f"{stem}.json"
     js.write_text(json.dumps(results, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    md = out / MD_NAME
-    md.write_text(render_markdown(results), encoding="utf-8")
-    return ReportPaths(json=js, md=md, png=plot_ablation(results, out / PNG_NAME))
+    md = out / f"{stem}.md"
+    md.write_text(render_markdown(results, png_name=f"{stem}.png"), encoding="utf-8")
+    return ReportPaths(json=js, md=md, png=plot_ablation(results, out / f"{stem}.png"))
