@@ -27,6 +27,7 @@ from dapo_core.training.step import (
     build_train_batch,
     entropy_and_prob,
     keep_flags,
+    rollout_correction,
     score_results,
 )
 from tasks import progress
@@ -73,7 +74,7 @@ def load_prompts(files: Sequence[str], tokenizer: Any, max_prompt_length: int, k
 @task(name="rollout", cache_policy=NO_CACHE)
 def rollout(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, seed: int) -> list[RolloutResult]:
     """Algorithm 1, line 4: sample G responses per prompt with the current (synced) policy."""
-    return executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed))
+    return executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed, log_probs=True))
 
 
 @task(name="score", cache_policy=NO_CACHE)
@@ -104,6 +105,7 @@ def update_policy(
     old_log_probs, entropy = executor.compute_log_probs(batch, with_entropy=True)
     batch.old_log_probs = old_log_probs
     metrics.update(entropy_and_prob(old_log_probs, entropy, batch.response_mask))
+    metrics.update(rollout_correction(batch, cfg))  # mismatch/*; TIS weights when enabled
     t2 = time.perf_counter()
     actor = executor.update(batch)
     t3 = time.perf_counter()

@@ -166,6 +166,12 @@ def test_the_same_flow_runs_on_the_ray_executor(tmp_path, monkeypatch):
     for key in ("actor/pg_loss", "actor/entropy"):
         for (s1, v1), (s2, v2) in zip(history(on_ray["run_id"], key), history(local["run_id"], key), strict=True):
             assert s1 == s2 and v1 == pytest.approx(v2, abs=1e-4), key
+    # the rollout/trainer mismatch is logged every step; hf samples with the trainer's own module (local) or a
+    # weight-synced copy of it (the Ray rollout actor): ~0 either way
+    for run_id in (local["run_id"], on_ray["run_id"]):
+        worst = history(run_id, "mismatch/logp_abs_diff_max")
+        assert [s for s, _ in worst] == [1, 2] and max(v for _, v in worst) < 1e-5, worst
+        assert max(v for _, v in history(run_id, "mismatch/prob_abs_diff_max")) < 1e-5
     from transformers import AutoModelForCausalLM
 
     wl = AutoModelForCausalLM.from_pretrained(local["final_model"]).state_dict()

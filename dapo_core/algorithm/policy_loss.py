@@ -43,6 +43,7 @@ def policy_loss(
     global_num_tokens: float | Tensor | None = None,
     global_num_seqs: float | Tensor | None = None,
     norm_length: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Clipped surrogate loss with decoupled clip range, optional dual-clip and a chosen aggregation.
 
@@ -58,6 +59,8 @@ def policy_loss(
         loss_agg: aggregation mode, see ``dapo_core.algorithm.aggregation``.
         global_num_tokens / global_num_seqs / norm_length: denominators, see ``agg_loss``; pass the counts of the
             whole mini-batch (across micro-batches and ranks) to make micro-batch losses sum to the mini-batch loss.
+        token_weights: (N, T) constant per-token weights multiplying the per-token losses before aggregation, e.g.
+            the rollout correction's truncated IS weights (``rollout_correction.truncated_is_weights``); None = 1.
 
     Returns:
         (loss, metrics): a 0-dim loss tensor; metrics with bare keys (callers prefix ``actor/``):
@@ -73,6 +76,8 @@ def policy_loss(
         advantages = advantages.unsqueeze(-1)  # (N, 1) broadcast over T
     if advantages.shape[0] != log_probs.shape[0]:
         raise ValueError(f"advantages has {advantages.shape[0]} rows, log_probs has {log_probs.shape[0]}")
+    if token_weights is not None and token_weights.shape != log_probs.shape:
+        raise ValueError(f"token_weights {tuple(token_weights.shape)} must match log_probs {tuple(log_probs.shape)}")
     if mode not in POLICY_LOSS_MODES:
         raise ValueError(f"unknown policy loss mode {mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
     if clip_low is None and mode != "cispo":
@@ -89,7 +94,7 @@ def policy_loss(
         return _successor_loss(
             mode, log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
             loss_agg=loss_agg, global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs,
-            norm_length=norm_length,
+            norm_length=norm_length, token_weights=token_weights,
         )  # fmt: skip
     assert clip_low is not None
 
@@ -107,6 +112,8 @@ def policy_loss(
         bounded = torch.minimum(pg_losses, pg_losses_dual)
         pg_losses = torch.where(advantages < 0, bounded, pg_losses)  # (N, T)
 
+    if token_weights is not None:
+        pg_losses = pg_losses * token_weights.detach().to(pg_losses.dtype)  # (N, T)  w_it * L_it (TIS)
     loss = agg_loss(
         pg_losses,
         mask,
@@ -154,10 +161,13 @@ def _successor_loss(
     global_num_tokens: float | Tensor | None,
     global_num_seqs: float | Tensor | None,
     norm_length: float | None,
+    token_weights: Tensor | None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO / CISPO / GMPO: their (N, T) loss matrix through the same aggregation, and the same metric keys."""
     fn = _SUCCESSORS[mode]
     losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator]
+    if token_weights is not None:
+        losses = losses * token_weights.detach().to(losses.dtype)  # (N, T)  w_it * L_it (TIS)
     loss = agg_loss(
         losses,
         mask,

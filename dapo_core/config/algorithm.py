@@ -77,6 +77,15 @@ class GmpoConfig(_Section):
     clip_high: float = Field(default=0.4, gt=0, description="GMPO log-space bound: token ratio <= e^clip_high. 0.4.")
 
 
+class RolloutCorrectionConfig(_Section):
+    enable: bool = Field(
+        default=False,
+        description="Truncated importance sampling: weight each token's loss by min(p_trainer / p_rollout, cap) "
+        "(verl, OpenRLHF, NeMo-RL). The mismatch is logged either way (mismatch/*).",
+    )
+    cap: float = Field(default=2.0, gt=0, description="C, the TIS weight cap. verl: tis_imp_ratio_cap 2.0.")
+
+
 class AlgorithmConfig(_Section):
     adv_estimator: Literal["grpo"] = Field(
         default="grpo", description="Advantage estimator: group-normalised outcome reward (Eq. 9). DAPO: grpo."
@@ -109,6 +118,10 @@ class AlgorithmConfig(_Section):
     gspo: GspoConfig = Field(default_factory=GspoConfig, description="GSPO bounds (policy_loss=gspo).")
     cispo: CispoConfig = Field(default_factory=CispoConfig, description="CISPO bounds (policy_loss=cispo).")
     gmpo: GmpoConfig = Field(default_factory=GmpoConfig, description="GMPO bounds (policy_loss=gmpo).")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Rollout/trainer mismatch correction (the sampler's log-probs vs the trainer's).",
+    )
     kl_coef: float = Field(default=0.0, ge=0, description="KL penalty coefficient (removed in DAPO Sec. 2.3). 0.")
     entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus (entropy is still logged). 0.")
     reward_fn: str = Field(

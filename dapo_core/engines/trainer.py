@@ -118,6 +118,11 @@ def _trim(batch: PolicyBatch) -> PolicyBatch:
         advantages=batch.advantages,
         old_log_probs=None if batch.old_log_probs is None else batch.old_log_probs[:, :resp_len],
         truncated=batch.truncated,
+        # per-token extras (N, T) lose the same columns; per-row ones stay as they are
+        extras={
+            k: v[:, :resp_len] if v.dim() == 2 and v.shape[1] == batch.response_width else v
+            for k, v in batch.extras.items()
+        },
     )
 
 
@@ -338,6 +343,7 @@ class PolicyTrainer:
                 global_num_tokens=num_tokens,
                 global_num_seqs=num_seqs,
                 norm_length=norm_length,
+                token_weights=mb.extras.get("is_weights"),  # truncated IS (training.step.rollout_correction)
             )
             if loss_cfg.entropy_coef != 0.0:
                 entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)

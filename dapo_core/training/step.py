@@ -19,6 +19,7 @@ from dapo_core.algorithm import (
     overlong_filter_mask,
     overlong_penalty,
 )
+from dapo_core.algorithm.rollout_correction import mismatch_metrics, truncated_is_weights
 from dapo_core.config import DapoConfig
 from dapo_core.engines.batch import PolicyBatch, build_policy_batch
 from dapo_core.engines.executor import Executor, sampling_from
@@ -53,8 +54,9 @@ class GenBatch:
 
 
 def generate_and_score(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, *, seed: int) -> GenBatch:
-    """Roll out G responses per prompt (paper: T=1.0, top_p=1.0) and score them (rule reward + overlong)."""
-    results = executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed))
+    """Roll out G responses per prompt (paper: T=1.0, top_p=1.0) and score them (rule reward + overlong). The
+    sampler's log-probs come back too (the rollout/trainer mismatch is measured against them)."""
+    results = executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed, log_probs=True))
     return score_results(executor, items, results, cfg)
 
 
@@ -148,6 +150,12 @@ def build_train_batch(
     batch = build_policy_batch(
         prompts, responses, pad_token_id=pad_token_id, group_ids=gids, truncated=trunc, advantages=adv
     )
+    rollout_lp = [r.log_probs for g in groups for r in g.responses]
+    if all(lp is not None and len(lp) == len(r) for lp, r in zip(rollout_lp, responses, strict=True)):
+        padded = torch.zeros_like(batch.response_mask)  # (N, T)
+        for i, lp in enumerate(rollout_lp):
+            padded[i, : len(lp)] = torch.as_tensor(lp, dtype=padded.dtype)  # type: ignore[arg-type]
+        batch.extras[ROLLOUT_LOG_PROBS] = padded
     if cfg.algorithm.overlong.filtering:
         assert batch.truncated is not None
         batch.response_mask = overlong_filter_mask(batch.response_mask, batch.truncated)  # (N, T)
@@ -162,6 +170,34 @@ def build_train_batch(
         num_loss_tokens=int(batch.response_mask.sum()),
     )
     return batch, stats
+
+
+ROLLOUT_LOG_PROBS = "rollout_log_probs"  # PolicyBatch.extras: (N, T) the sampler's log-probs of the sampled tokens
+IS_WEIGHTS = "is_weights"  # PolicyBatch.extras: (N, T) truncated IS weights the policy loss multiplies in
+
+
+def rollout_correction(batch: PolicyBatch, cfg: DapoConfig) -> dict[str, float]:
+    """After ``old_log_probs``: the rollout/trainer mismatch (``mismatch/*``) and, with
+    ``algorithm.rollout_correction.enable``, the truncated IS weights the update applies (``extras["is_weights"]``).
+    No metrics when the sampler returned no log-probs (a backend that cannot)."""
+    if batch.old_log_probs is None:
+        raise ValueError("rollout_correction needs batch.old_log_probs: call executor.compute_log_probs first")
+    rollout_lp = batch.extras.get(ROLLOUT_LOG_PROBS)
+    rc = cfg.algorithm.rollout_correction
+    if rollout_lp is None:
+        if rc.enable:
+            raise ValueError(
+                "algorithm.rollout_correction.enable is true but the rollout backend returned no log-probs for "
+                "this batch: use a backend that returns them (hf, vllm) or set algorithm.rollout_correction.enable=false"
+            )
+        return {}
+    mask = batch.response_mask
+    metrics = {f"mismatch/{k}": v for k, v in mismatch_metrics(rollout_lp, batch.old_log_probs, mask).items()}
+    if rc.enable:
+        weights, m = truncated_is_weights(batch.old_log_probs, rollout_lp, mask, cap=rc.cap)
+        batch.extras[IS_WEIGHTS] = weights
+        metrics.update({f"mismatch/{k}": v for k, v in m.items()})
+    return metrics
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
