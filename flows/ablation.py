@@ -117,11 +117,11 @@ def _tags(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
 
 
 def _train_and_score(
-    common: dict[str, Any], cfg: DapoConfig, rung: Rung, regime: Regime, seed: int, steps: int, base_dir: str
+    common: dict[str, Any], cfg: DapoConfig, rung: Rung, regime: Regime, seed: int, steps: int, base: dict[str, Any]
 ) -> dict[str, Any]:
     """One (regime, rung, seed): train, evaluate the final model, read the curve and the evidence back."""
     tags = _tags(regime.name, rung.name, seed, "train")
-    overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base_dir)
+    overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base["dir"])
     t0 = time.perf_counter()
     trained = train_flow(
         config_path=common["config_path"], recipe=common["recipe"], overrides=overrides, nested=True, extra_tags=tags
@@ -139,7 +139,7 @@ def _train_and_score(
         "acc": ev["mean_acc"],
         "wall_s": wall,
         "train_s": sum(v for _, v in hist.get(STEP_TIME_KEY, [])),
-        "curve": _curve(val, cfg.rollout.val_n),
+        "curve": [[0, base["acc"]], *_curve(val, cfg.rollout.val_n)],  # step 0: the base model's evaluation
         **_evidence(hist),
         "run_id": trained["run_id"],
         "eval_run_id": ev["run_id"],
@@ -251,7 +251,9 @@ def ablation_flow(
             for rung in ladder:
                 plog.info("ablation %s / %s (lr %g): %d seed(s) x %d steps", regime.name, rung.name, regime.lr, seeds, n_steps)  # fmt: skip
                 records = [
-                    _train_and_score(common, cfg, rung, regime, seed, n_steps, prepared["dir"])
+                    _train_and_score(
+                        common, cfg, rung, regime, seed, n_steps, {**prepared, "acc": base_eval["mean_acc"]}
+                    )
                     for seed in range(1, seeds + 1)
                 ]
                 rungs.append(summarize_rung(rung.name, records))

@@ -144,7 +144,7 @@ def test_regimes_lrs_and_run_overrides():
         parse_regimes("tuned,bogus")
     with pytest.raises(ValueError, match="--tuned-lr"):
         build_regimes(cfg, "tuned", tuned_lr=0.0)
-    assert [curve_test_freq(n) for n in (1, 2, 7, 8, 24)] == [1, 1, 7, 2, 6]
+    assert [curve_test_freq(n) for n in (1, 2, 7, 8, 24)] == [1, 1, 7, 4, 12]
     with pytest.raises(ValueError, match="--steps"):
         curve_test_freq(0)
     sets = run_overrides(
@@ -153,7 +153,7 @@ def test_regimes_lrs_and_run_overrides():
     run = load_config(recipe="tiny-dapo", overrides=sets, env={})
     assert run.trainer.lr == aggressive.lr and run.trainer.seed == 3 and run.trainer.total_steps == 24
     assert run.tracking.run_name == "ablation-aggressive-clip-higher-s3" and run.model.path == "m"
-    assert run.trainer.test_freq == 6 and run.trainer.val_before_train
+    assert run.trainer.test_freq == 12 and not run.trainer.val_before_train  # step 0: the shared base eval
     assert run.trainer.save_freq == 3  # the user's come first: the ablation's own keys (lr) win
 
 
@@ -332,8 +332,9 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
         assert [r["name"] for r in regime["rungs"]] == list(ALL_RUNGS)
         for r in regime["rungs"]:
             assert r["seed_ids"] == [1] and 0.0 <= r["mean"] <= 1.0
-        for r in regime["rungs"][:-1]:  # val before training + every step (test_freq 1 of 2 steps)
+        for r in regime["rungs"][:-1]:  # the base model's evaluation, then every step (test_freq 1 of 2 steps)
             assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
+            assert r["curve"][0][1] == pytest.approx(data["base_acc"])
         control = regime["rungs"][-1]
         assert control["budget_s"][0] == pytest.approx(regime["rungs"][-2]["train_s"][0])
 
