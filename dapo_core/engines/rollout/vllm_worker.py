@@ -14,7 +14,8 @@ arrive as undecoded lists. Bytes travel intact over msgpack and pickle alike.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -51,21 +52,44 @@ def decode_bucket(bucket: Sequence[Sequence[Any]]) -> list[tuple[str, Tensor]]:
     return out
 
 
-def plan_buckets(sizes: Sequence[tuple[str, int]], limit_bytes: int) -> list[list[str]]:
+_LAYER = re.compile(r"^(.*?\blayers\.\d+)\.")
+
+
+def layer_group(name: str) -> str:
+    """The unit a bucket must not split: ``model.layers.3`` for a decoder layer's tensors, ``""`` for the rest
+    (embeddings, final norm, lm_head: small, and lm_head is tied to the embeddings)."""
+    m = _LAYER.match(name)
+    return m.group(1) if m else ""
+
+
+def plan_buckets(
+    sizes: Sequence[tuple[str, int]], limit_bytes: int, *, group: Callable[[str], str] | None = None
+) -> list[list[str]]:
     """Cut ``(name, nbytes)`` pairs, in order, into buckets of at most ``limit_bytes``.
 
-    A tensor larger than the limit travels alone. Concatenating the buckets gives the names back in order.
+    With ``group``, names with the same group key that follow each other stay in one bucket (a group larger than
+    the limit travels alone, over the limit): vLLM processes a layer once per reload call, so a layer split across
+    two calls would be processed half-loaded. Without, a tensor larger than the limit travels alone.
+    Concatenating the buckets gives the names back in order.
     """
     if limit_bytes < 1:
         raise ValueError(f"limit_bytes ({limit_bytes}) must be >= 1: use rollout.weight_sync_bucket_mb * 2**20")
+    units: list[tuple[list[str], int]] = []  # consecutive runs of one group (or single tensors)
+    for name, size in sizes:
+        key = group(name) if group is not None else None
+        if units and key is not None and group is not None and group(units[-1][0][-1]) == key:
+            units[-1][0].append(name)
+            units[-1] = (units[-1][0], units[-1][1] + size)
+        else:
+            units.append(([name], size))
     buckets: list[list[str]] = []
     current: list[str] = []
     used = 0
-    for name, size in sizes:
+    for names, size in units:
         if current and used + size > limit_bytes:
             buckets.append(current)
             current, used = [], 0
-        current.append(name)
+        current.extend(names)
         used += size
     if current:
         buckets.append(current)
@@ -93,15 +117,22 @@ class WeightSyncWorkerExtension:
         return model  # type: ignore[no-any-return]
 
     def dapo_load_weights(self, bucket: Sequence[Sequence[Any]]) -> list[str] | None:
-        """Load one bucket of HF-named weights through the model's own ``load_weights``.
+        """Load one bucket of HF-named weights into the loaded engine, in place.
 
-        vLLM's ``load_weights`` maps HF names onto its fused parameters (q/k/v -> qkv_proj, gate/up ->
-        gate_up_proj), keeps this rank's tensor-parallel shard and copies in place (CUDA graphs stay valid).
-        Returns the vLLM parameter names it wrote (None when the model's loader does not report them).
+        vLLM 0.32: ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`` (it maps HF
+        names onto the fused parameters, keeps this rank's shard and re-runs the post-load processing; it reports
+        no names: None is returned). Older runners without it: the model's own ``load_weights``, which returns the
+        vLLM parameter names it wrote.
         """
         model = self._dapo_model()
         device = next(model.parameters()).device
         weights = [(name, tensor.to(device)) for name, tensor in decode_bucket(bucket)]
+        reload = getattr(self.model_runner, "reload_weights", None)
+        if callable(reload):
+            reload(weights_iterator=weights, is_checkpoint_format=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return None
         loaded = model.load_weights(weights=weights)  # type: ignore[operator]
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the copies are done before the RPC answers
