@@ -209,3 +209,33 @@ def test_dapo_train_runs_on_the_vllm_backend_and_logs_like_hf(tmp_path, engine) 
     # the sampler is vLLM's CPU kernels at float32 and in sync with the trainer: close, but measured, not zero
     worst = history("mismatch/logp_abs_diff_max")
     assert [s for s, _ in worst] == [1, 2] and all(v < 1e-3 for _, v in worst), worst
+
+
+@pytest.mark.slow
+def test_the_engine_runs_inside_a_ray_rollout_actor(tmp_path, monkeypatch) -> None:
+    """resources.executor=ray: the rollout worker actor builds the engine from the checkpoint path (it loads no HF
+    model of its own), generates, and takes the trainer's weights through the same sync path."""
+    import os
+    from pathlib import Path
+
+    from train_fixtures import make_train_cfg
+
+    from dapo_core.distributed.executor import RayExecutor
+    from dapo_core.engines.executor import sampling_from
+
+    here = str(Path(__file__).parent)  # the actors unpickle the test reward: they must import this folder
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    vllm_model_dir(tmp_path / "model")
+    cfg = make_train_cfg(tmp_path, *ENGINE[:5], "resources.executor=ray", "resources.num_cpus=2")
+    executor = RayExecutor(cfg)
+    try:
+        prompts = [list(p) for p in [[5, 6, 7], [8, 9, 10, 11]]]
+        first = executor.generate(prompts, sampling_from(cfg, seed=4, log_probs=True))
+        assert len(first) == 2 * cfg.rollout.n and all(r.log_probs is not None for r in first)
+        assert executor.generate(prompts, sampling_from(cfg, seed=4, log_probs=True)) == first  # seeded
+        version = executor.sync_weights()  # the trainer's (unchanged) weights through the engine's reload path
+        assert version >= 1
+        again = executor.generate(prompts, sampling_from(cfg, seed=4, log_probs=True))
+        assert [r.response_ids for r in again] == [r.response_ids for r in first]
+    finally:
+        executor.shutdown()
