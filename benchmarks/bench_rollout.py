@@ -8,6 +8,10 @@ number of rows, on the default tiny Qwen2 (~1M parameters, random init: lengths 
 now and then). Throughput counts response tokens up to and including EOS, per second of wall time (best of
 ``--repeats`` after one warm-up). The backend's extras — per-row seeded Gumbel sampling, length bucketing, result
 objects and (one column) raw log-probs — are what the ratio measures; the goal is >= 0.9x the bare loop.
+
+Where vLLM is installed (``.venv-vllm/bin/python -m benchmarks.bench_rollout``: vLLM 0.32's CPU build) the same
+cases also run on the ``vllm`` backend (float32, eager, log-probs on, the same tiny model from a directory), with
+the engine's load time and the time of one weight sync (the whole state dict through ``update_weights``).
 """
 
 from __future__ import annotations
@@ -85,6 +89,50 @@ def _best_rate(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
     return best, tokens
 
 
+def vllm_results(model, tokenizer, cases: list[tuple[str, int, int, int]], repeats: int) -> dict | None:
+    """The cases on the ``vllm`` backend (None without vLLM): tokens/s, engine load time, one weight sync."""
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from dapo_core.engines.models import save_hf_dir
+    from dapo_core.engines.rollout.vllm import VllmRollout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(save_hf_dir(model, tokenizer, f"{tmp}/model"))
+        kwargs = {
+            "model": path, "tokenizer": path, "dtype": "float32", "enforce_eager": True, "max_model_len": 96,
+            "gpu_memory_utilization": 0.2, "seed": 0, "logprobs_mode": "raw_logprobs",
+            "max_num_batched_tokens": 2048, "enable_chunked_prefill": False,
+            "worker_extension_cls": "dapo_core.engines.rollout.vllm_worker.WeightSyncWorkerExtension",
+        }  # fmt: skip
+        t0 = time.perf_counter()
+        engine = VllmRollout(
+            kwargs, tokenizer=tokenizer, eos_token_ids=[tokenizer.eos_token_id], free_cache_engine=False
+        )
+        load_s = time.perf_counter() - t0
+        try:
+            out = []
+            for name, count, n, new in cases:
+                prompts = make_prompts(tokenizer, count)
+                sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
+                rate, tokens = _best_rate(
+                    lambda p=prompts, s=sampling: sum(r.response_length for r in engine.generate(p, s)), repeats
+                )
+                out.append({"case": name, "vllm_tokens_per_s": round(rate, 1), "vllm_tokens": tokens})
+            syncs = []
+            for version in range(1, repeats + 2):
+                t0 = time.perf_counter()
+                engine.update_weights(model.state_dict(), version=version)
+                syncs.append(time.perf_counter() - t0)
+        finally:
+            engine.shutdown()
+    import vllm
+
+    return {"vllm": vllm.__version__, "load_s": round(load_s, 1), "weight_sync_s": round(min(syncs), 3), "results": out}
+
+
 def run(repeats: int, rows: int) -> dict:
     tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)
     model = build_tiny_qwen2(tokenizer, seed=0)
@@ -119,6 +167,7 @@ def run(repeats: int, rows: int) -> dict:
             }
         )
     return {
+        "vllm_cpu": vllm_results(model, tokenizer, cases, repeats),
         "benchmark": "rollout",
         "model": "tiny qwen2 (hidden 128, 4 layers, 4/2 heads, intermediate 512, tied), random init",
         "params": sum(p.numel() for p in model.parameters()),
@@ -142,6 +191,19 @@ def markdown(report: dict) -> str:
             f"| {r['case']} | {r['bare_tokens_per_s']:.0f} | {r['hf_tokens_per_s']:.0f} | {r['ratio']:.2f}x "
             f"| {r['hf_logprobs_tokens_per_s']:.0f} | {r['ratio_logprobs']:.2f}x |"
         )
+    v = report.get("vllm_cpu")
+    if v:
+        bare = {r["case"]: r["bare_tokens_per_s"] for r in report["results"]}
+        lines += [
+            "",
+            f"vLLM {v['vllm']} (CPU build): engine load {v['load_s']} s, weight sync {v['weight_sync_s']} s",
+            "",
+        ]
+        lines += ["| case | vllm tok/s (log-probs on) | vs bare generate |", "|---|---:|---:|"]
+        for r in v["results"]:
+            lines.append(
+                f"| {r['case']} | {r['vllm_tokens_per_s']:.0f} | {r['vllm_tokens_per_s'] / bare[r['case']]:.2f}x |"
+            )
     return "\n".join(lines)
 
 
