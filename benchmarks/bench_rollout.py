@@ -221,6 +221,12 @@ def main() -> None:
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(args.out)
+    note = (
+        f"Rollout throughput, tokens/s (best of {report['repeats']}; torch threads {report['threads']}; "
+        f"{report['machine']}, torch {report['torch']}, transformers {report['transformers']}). Written by "
+        "`python -m benchmarks.bench_rollout` (from `.venv-vllm` for the vLLM rows).\n\n"
+    )
+    args.out.with_suffix(".md").write_text(note + markdown(report) + "\n")
     print(markdown(report))
     print(f"\nwritten to {args.out}")
 
