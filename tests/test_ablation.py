@@ -305,10 +305,8 @@ TINY = [
 ]
 
 
-@pytest.mark.slow
-def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
-    import train_fixtures  # noqa: F401  (registers the test rewards)
-    from mlflow.tracking import MlflowClient
+def run_quick_ablation(tmp_path, monkeypatch, options: list[str]) -> None:
+    """``dapo ablation --quick OPTIONS`` on the TINY settings in ``tmp_path`` (own MLflow store, Prefect harness)."""
     from prefect.testing.utilities import prefect_test_harness
     from typer.testing import CliRunner
 
@@ -316,12 +314,20 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # curate/base model/train write data/ and outputs/ relative to the project
     store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_location={tmp_path}/a"]
-    args = ["ablation", "--quick", "--recipe", "tiny-dapo"]
+    args = ["ablation", "--quick", *options]
     for item in [*TINY, *store]:
         args += ["--set", item]
     with prefect_test_harness(server_startup_timeout=120):
         result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
+
+
+@pytest.mark.slow
+def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
+    import train_fixtures  # noqa: F401  (registers the test rewards)
+    from mlflow.tracking import MlflowClient
+
+    run_quick_ablation(tmp_path, monkeypatch, ["--recipe", "tiny-dapo"])
 
     out = tmp_path / "outputs/ablation-quick"
     assert {p.name for p in out.iterdir()} >= {"ablation.json", "ablation.md", "ablation.png"}
@@ -369,20 +375,11 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch):
     successors, the dr-grpo and gspo runs carrying their settings in MLflow."""
     import train_fixtures  # noqa: F401  (registers the test rewards)
     from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
-    from typer.testing import CliRunner
 
-    from flows.cli import app
-
-    monkeypatch.chdir(tmp_path)
-    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_location={tmp_path}/a"]
     rungs = ["dapo", *SUCCESSOR_RUNGS]
-    args = ["ablation", "--quick", "--regimes", "tuned", "--rungs", ",".join(rungs), "--name", "successors"]
-    for item in [*TINY, *store]:
-        args += ["--set", item]
-    with prefect_test_harness(server_startup_timeout=120):
-        result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output + repr(result.exception)
+    run_quick_ablation(
+        tmp_path, monkeypatch, ["--regimes", "tuned", "--rungs", ",".join(rungs), "--name", "successors"]
+    )
 
     out = tmp_path / "outputs/ablation-quick"
     assert {p.name for p in out.iterdir()} == {"successors.json", "successors.md", "successors.png"}

@@ -48,7 +48,8 @@ from torch import Tensor
 
 from dapo_core.algorithm.masked import masked_sum
 
-# Same clamp as policy_loss: exp() of a log-ratio past this is irrelevant to a clipped objective.
+# log-ratio clamp before exp (every objective and the rollout correction): keeps ratios finite when the policies
+# disagree wildly (exp(20) ~ 4.9e8); a clipped objective makes the exact value irrelevant past this point.
 LOG_RATIO_CLAMP = 20.0
 
 

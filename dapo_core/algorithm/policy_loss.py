@@ -20,13 +20,14 @@ from torch import Tensor
 
 from dapo_core.algorithm.aggregation import agg_loss
 from dapo_core.algorithm.masked import masked_mean
-from dapo_core.algorithm.objectives import cispo_token_losses, gmpo_token_losses, gspo_token_losses
+from dapo_core.algorithm.objectives import (
+    LOG_RATIO_CLAMP,
+    cispo_token_losses,
+    gmpo_token_losses,
+    gspo_token_losses,
+)
 
 POLICY_LOSS_MODES: tuple[str, ...] = ("ppo-clip", "gspo", "cispo", "gmpo")
-
-# log-ratio clamp before exp: keeps the ratio finite when old and new policies disagree wildly
-# (exp(20) ~ 4.9e8); the clipped objective makes the exact value irrelevant past this point.
-LOG_RATIO_CLAMP = 20.0
 
 
 def policy_loss(
@@ -112,16 +113,10 @@ def policy_loss(
         bounded = torch.minimum(pg_losses, pg_losses_dual)
         pg_losses = torch.where(advantages < 0, bounded, pg_losses)  # (N, T)
 
-    if token_weights is not None:
-        pg_losses = pg_losses * token_weights.detach().to(pg_losses.dtype)  # (N, T)  w_it * L_it (TIS)
-    loss = agg_loss(
-        pg_losses,
-        mask,
-        loss_agg,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
-    )
+    loss = _weighted_agg(
+        pg_losses, mask, token_weights, loss_agg,
+        global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,
+    )  # fmt: skip
 
     # Diagnostics next to the loss (CleanRL style), under no_grad, masked token means.
     with torch.no_grad():
@@ -145,6 +140,29 @@ def policy_loss(
     return loss, metrics
 
 
+def _weighted_agg(
+    losses: Tensor,
+    mask: Tensor,
+    token_weights: Tensor | None,
+    loss_agg: str,
+    *,
+    global_num_tokens: float | Tensor | None,
+    global_num_seqs: float | Tensor | None,
+    norm_length: float | None,
+) -> Tensor:
+    """w_it * L_it (TIS weights, constant; none = 1) reduced by ``agg_loss``: the last step of every mode."""
+    if token_weights is not None:
+        losses = losses * token_weights.detach().to(losses.dtype)  # (N, T)
+    return agg_loss(
+        losses,
+        mask,
+        loss_agg,
+        global_num_tokens=global_num_tokens,
+        global_num_seqs=global_num_seqs,
+        norm_length=norm_length,
+    )
+
+
 _SUCCESSORS = {"gspo": gspo_token_losses, "cispo": cispo_token_losses, "gmpo": gmpo_token_losses}
 
 
@@ -166,16 +184,10 @@ def _successor_loss(
     """GSPO / CISPO / GMPO: their (N, T) loss matrix through the same aggregation, and the same metric keys."""
     fn = _SUCCESSORS[mode]
     losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator]
-    if token_weights is not None:
-        losses = losses * token_weights.detach().to(losses.dtype)  # (N, T)  w_it * L_it (TIS)
-    loss = agg_loss(
-        losses,
-        mask,
-        loss_agg,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
-    )
+    loss = _weighted_agg(
+        losses, mask, token_weights, loss_agg,
+        global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,
+    )  # fmt: skip
     with torch.no_grad():
         log_ratio = torch.clamp(log_probs.detach() - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         either = (high | low).to(mask.dtype)

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 
 from dapo_core.algorithm.masked import masked_mean
-
-LOG_RATIO_CLAMP = 20.0  # as the policy loss: exp() stays finite whatever the two sides disagree by
+from dapo_core.algorithm.objectives import LOG_RATIO_CLAMP
 
 
 def mismatch_metrics(rollout_log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> dict[str, float]:
