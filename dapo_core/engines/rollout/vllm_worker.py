@@ -74,18 +74,17 @@ def plan_buckets(
     """
     if limit_bytes < 1:
         raise ValueError(f"limit_bytes ({limit_bytes}) must be >= 1: use rollout.weight_sync_bucket_mb * 2**20")
-    units: list[tuple[list[str], int]] = []  # consecutive runs of one group (or single tensors)
+    units: list[tuple[str | None, list[str], int]] = []  # (group key, names, bytes): consecutive runs of a group
     for name, size in sizes:
         key = group(name) if group is not None else None
-        if units and key is not None and group is not None and group(units[-1][0][-1]) == key:
-            units[-1][0].append(name)
-            units[-1] = (units[-1][0], units[-1][1] + size)
+        if units and key is not None and units[-1][0] == key:
+            units[-1] = (key, [*units[-1][1], name], units[-1][2] + size)
         else:
-            units.append(([name], size))
+            units.append((key, [name], size))
     buckets: list[list[str]] = []
     current: list[str] = []
     used = 0
-    for names, size in units:
+    for _, names, size in units:
         if current and used + size > limit_bytes:
             buckets.append(current)
             current, used = [], 0
