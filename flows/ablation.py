@@ -43,6 +43,7 @@ from dapo_core.config.ablation import (
 )
 from dapo_core.engines.sft import WarmStartConfig
 from dapo_core.engines.sft_control import continue_warm_start
+from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
 from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
 from flows.base_model import base_model_flow, warm_start_settings
 from flows.curate import curate_flow
@@ -59,7 +60,9 @@ DEFAULT_OUT_DIR = "benchmarks/results"
 QUICK_OUT_DIR = "outputs/ablation-quick"
 DEFAULT_SEEDS = 3
 QUICK_SEEDS, QUICK_STEPS = 1, 2
-STEP_TIME_KEY = "timing_s/step"  # per-step training time; their sum is the control's time budget
+STEP_TIME_KEY = "timing_s/step"  # per-step training wall time
+# per-step CPU seconds of the training process: their sum is the control's budget (other jobs hardly change it)
+STEP_CPU_KEY = "perf/cpu_time_per_step"
 _VAL_KEY = re.compile(r"^val/[^/]+/acc/mean_at_(\d+)$")
 
 
@@ -69,16 +72,22 @@ def sft_control(
     ws: WarmStartConfig,
     base_dir: str,
     *,
-    time_budget_s: float,
+    budget_s: float,
+    budget_kind: str,
     exclude: list[str],
     skip_steps: int | None,
     output_dir: str,
 ) -> dict[str, Any]:
-    """Continue the warm start for ``time_budget_s`` seconds; returns steps, wall time, last loss, model dir."""
+    """Continue the warm start for ``budget_s`` seconds of ``budget_kind`` ("cpu": this process's CPU time, or
+    "wall"); returns steps, wall and CPU time, last loss, model dir."""
+    budget = {"cpu_budget_s": budget_s} if budget_kind == "cpu" else {"time_budget_s": budget_s}
     res = continue_warm_start(
-        cfg, ws, base_dir, time_budget_s=time_budget_s, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir
+        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, **budget
     )
-    return {"steps": res.steps, "wall_s": res.wall_s, "final_loss": res.final_loss, "output_dir": str(res.output_dir)}
+    return {
+        "steps": res.steps, "wall_s": res.wall_s, "cpu_s": res.cpu_s, "final_loss": res.final_loss,
+        "output_dir": str(res.output_dir),
+    }  # fmt: skip
 
 
 def _warm_start_steps(base_dir: str) -> int | None:
@@ -116,12 +125,36 @@ def _tags(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
     return {"ablation.regime": regime, "ablation.rung": rung, "ablation.seed": str(seed), "ablation.kind": kind}
 
 
+def _config_view(cfg: DapoConfig) -> dict[str, Any]:
+    """The config as it determines results: tracking (where results go, maybe credentials) left out."""
+    return {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+
+
+def _train_key(common: dict[str, Any], overrides: list[str], base: dict[str, Any]) -> str:
+    run_cfg = load_config(config_path=common["config_path"], recipe=common["recipe"], overrides=overrides)
+    return fingerprint({"kind": "train", "run": _config_view(run_cfg), **base["digests"]})
+
+
 def _train_and_score(
-    common: dict[str, Any], cfg: DapoConfig, rung: Rung, regime: Regime, seed: int, steps: int, base: dict[str, Any]
+    common: dict[str, Any],
+    cfg: DapoConfig,
+    rung: Rung,
+    regime: Regime,
+    seed: int,
+    steps: int,
+    base: dict[str, Any],
+    journal: AblationJournal,
 ) -> dict[str, Any]:
-    """One (regime, rung, seed): train, evaluate the final model, read the curve and the evidence back."""
+    """One (regime, rung, seed): train, evaluate the final model, read the curve and the evidence back (or the
+    journaled record of an identical run, with ``--resume``)."""
     tags = _tags(regime.name, rung.name, seed, "train")
     overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base["dir"])
+    key = _train_key(common, overrides, base)
+    if (done := journal.get(key)) is not None:
+        get_run_logger().info(
+            "%s: reusing the journaled run %s", run_name(regime.name, rung.name, seed), done["run_id"]
+        )
+        return done
     t0 = time.perf_counter()
     trained = train_flow(
         config_path=common["config_path"], recipe=common["recipe"], overrides=overrides, nested=True, extra_tags=tags
@@ -133,47 +166,87 @@ def _train_and_score(
         extra_tags={**tags, "ablation.kind": "eval"},
     )  # fmt: skip
     val = _run_histories(cfg, trained["run_id"], None)
-    hist = _run_histories(cfg, trained["run_id"], [*EVIDENCE_KEYS, STEP_TIME_KEY])
-    return {
+    hist = _run_histories(cfg, trained["run_id"], [*EVIDENCE_KEYS, STEP_TIME_KEY, STEP_CPU_KEY])
+    record = {
         "seed": seed,
         "acc": ev["mean_acc"],
         "wall_s": wall,
         "train_s": sum(v for _, v in hist.get(STEP_TIME_KEY, [])),
+        "train_cpu_s": sum(v for _, v in hist.get(STEP_CPU_KEY, [])),
         "curve": [[0, base["acc"]], *_curve(val, cfg.rollout.val_n)],  # step 0: the base model's evaluation
         **_evidence(hist),
         "run_id": trained["run_id"],
         "eval_run_id": ev["run_id"],
+        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
     }
+    return journal.put(key, record)
+
+
+def _control_budget(dapo: dict[str, Any], seed: int, executor: str) -> tuple[float, str]:
+    """The control's budget for ``seed``: the dapo rung's summed per-step CPU seconds (local executor: the
+    training process did all the work, and other jobs on the machine hardly change CPU time), else its summed
+    per-step wall time (Ray workers' CPU time is not the driver's), else the run's whole wall time."""
+    i = dapo["seed_ids"].index(seed)
+    cpu = (dapo.get("train_cpu_s") or [None] * len(dapo["seed_ids"]))[i]
+    if executor == "local" and cpu:
+        return float(cpu), "cpu"
+    return float(dapo["train_s"][i] or dapo["wall_s_seeds"][i]), "wall"
 
 
 def _control(
-    common: dict[str, Any], cfg: DapoConfig, regime: Regime, seed: int, budget_s: float, base: dict[str, Any]
+    common: dict[str, Any],
+    cfg: DapoConfig,
+    regime: Regime,
+    seed: int,
+    budget: tuple[float, str],
+    base: dict[str, Any],
+    journal: AblationJournal,
 ) -> dict[str, Any]:
-    """The supervised control of one (regime, seed): the base model, ``budget_s`` more seconds of SFT, evaluated."""
+    """The supervised control of one (regime, seed): the base model, ``budget`` more seconds of SFT, evaluated."""
+    budget_s, kind = budget
     name = run_name(regime.name, SFT_CONTROL, seed)
+    key = fingerprint(
+        {"kind": "control", "config": _config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
+         "budget": [round(budget_s, 3), kind], **base["digests"]}
+    )  # fmt: skip
+    if (done := journal.get(key)) is not None:
+        get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
+        return done
     tags = _tags(regime.name, SFT_CONTROL, seed, "control")
     with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
         res = sft_control(
-            cfg, base["ws"], base["dir"], time_budget_s=budget_s, exclude=base["exclude"],
+            cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],
             skip_steps=base["skip_steps"], output_dir=str(Path(cfg.trainer.output_dir) / name),
         )  # fmt: skip
-        metrics = {"control/time_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/steps": res["steps"]}
+        metrics = {
+            f"control/{kind}_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/cpu_s": res["cpu_s"],
+            "control/steps": res["steps"],
+        }  # fmt: skip
         tracking.log_metrics({**metrics, "control/final_loss": res["final_loss"]}, step=res["steps"])
         control_run_id = run.info.run_id
     ev = evaluate_flow(
         **common, model=res["output_dir"], metrics_path=None, nested=True, run_name=f"{name}-eval",
         extra_tags={**tags, "ablation.kind": "eval"},
     )  # fmt: skip
-    return {
+    record = {
         "seed": seed,
         "acc": ev["mean_acc"],
         "wall_s": res["wall_s"],
+        "cpu_s": res["cpu_s"],
         "budget_s": budget_s,
+        "budget_kind": kind,
         "sft_steps": res["steps"],
         "curve": [],
         "run_id": control_run_id,
         "eval_run_id": ev["run_id"],
+        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
     }
+    return journal.put(key, record)
+
+
+def journal_path(out_dir: str | Path, name: str) -> Path:
+    """Where the ablation journals its finished runs (beside the report; git-ignored)."""
+    return Path(out_dir) / f"{name}.journal.jsonl"
 
 
 def _prepare_base(common: dict[str, Any], cfg: DapoConfig, base: str | None) -> dict[str, Any]:
@@ -186,11 +259,14 @@ def _prepare_base(common: dict[str, Any], cfg: DapoConfig, base: str | None) -> 
             f"--base {base}: not a model directory (no config.json). Pass an HF model directory such as "
             "outputs/base_model (made by `dapo base-model`), or leave --base out to build it"
         )
+    files = [*cfg.data.train_files, *cfg.data.val_files]
     return {
         "dir": base,
         "ws": warm_start_settings(cfg),
-        "exclude": read_exclusions([*cfg.data.train_files, *cfg.data.val_files]),
+        "exclude": read_exclusions(files),
         "skip_steps": _warm_start_steps(base),
+        # what a journaled result depends on besides its config: the base weights and the data (and the evaluation)
+        "digests": {"base": file_digest(base), "data": {f: file_digest(f) for f in files}, "eval": _config_view(cfg)},
     }
 
 
@@ -208,12 +284,15 @@ def ablation_flow(
     out_dir: str = DEFAULT_OUT_DIR,
     rungs: list[str] | None = None,
     name: str = "ablation",
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run the ladder x regimes x seeds (+ the supervised control), write and log the report; returns the results.
 
     Defaults: recipe ``tiny-dapo`` (when no config file is given either), both regimes, the recipe's
     ``trainer.total_steps``, seeds 1..3, the Table-1 ladder and ``sft-control`` (``rungs``: any of
     ``dapo_core.config.ablation.KNOWN_RUNGS``, successors included). ``name``: the report files' stem.
+    Every finished run is journaled in ``<out_dir>/<name>.journal.jsonl``; ``resume`` reuses the runs whose
+    config, base model and data are unchanged, under the same parent MLflow run.
     """
     plog = get_run_logger()
     if config_path is None and recipe is None:
@@ -229,10 +308,18 @@ def ablation_flow(
     report_stem(name)  # a bad --name fails here, before any work
     run_overrides([], ladder[0], plan[0], 1, n_steps)  # a bad --steps fails here, before any work
     t0 = time.perf_counter()
+    journal = AblationJournal.open(journal_path(out_dir, name), resume=resume)
+    plog.info(
+        "journal %s: %d finished run(s) to reuse%s", journal.path, len(journal),
+        "" if resume else " (after an interruption, rerun with --resume to keep the finished runs)",
+    )  # fmt: skip
     tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
     parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
-    with tracking.start_run(cfg, run_name=parent_name, tags=tags) as parent:
-        tracking.log_params_flat(cfg)
+    parent_id = journal.parent_run_id if resume and tracking.run_exists(cfg, journal.parent_run_id) else None
+    with tracking.start_run(cfg, run_name=parent_name, run_id=parent_id, tags=tags) as parent:
+        journal.set_parent(parent.info.run_id)
+        if parent_id is None:
+            tracking.log_params_flat(cfg)
         tracking.set_tags(
             {
                 "ablation.steps": n_steps,
@@ -252,18 +339,20 @@ def ablation_flow(
                 plog.info("ablation %s / %s (lr %g): %d seed(s) x %d steps", regime.name, rung.name, regime.lr, seeds, n_steps)  # fmt: skip
                 records = [
                     _train_and_score(
-                        common, cfg, rung, regime, seed, n_steps, {**prepared, "acc": base_eval["mean_acc"]}
+                        common, cfg, rung, regime, seed, n_steps, {**prepared, "acc": base_eval["mean_acc"]}, journal
                     )
                     for seed in range(1, seeds + 1)
                 ]
                 rungs.append(summarize_rung(rung.name, records))
             if SFT_CONTROL in rung_names:
-                # the control's budget: the dapo rung's summed step time (its training, not validations/checkpoints)
+                # the control's budget: the dapo rung's training steps' time (not validations or checkpoints)
                 dapo = next(r for r in rungs if r["name"] == "dapo")
-                dapo_time = {
-                    s: t or w for s, t, w in zip(dapo["seed_ids"], dapo["train_s"], dapo["wall_s_seeds"], strict=True)
-                }
-                controls = [_control(common, cfg, regime, s, dapo_time[s], prepared) for s in range(1, seeds + 1)]
+                controls = [
+                    _control(
+                        common, cfg, regime, s, _control_budget(dapo, s, cfg.resources.executor), prepared, journal
+                    )
+                    for s in range(1, seeds + 1)
+                ]
                 rungs.insert(rung_names.index(SFT_CONTROL), summarize_rung(SFT_CONTROL, controls))
             results["regimes"][regime.name] = {"lr": regime.lr, "rungs": rungs}
             tracking.log_metrics({f"ablation/{regime.name}/{r['name']}/mean": r["mean"] for r in rungs}, step=n_steps)
@@ -284,6 +373,7 @@ def ablation_flow(
                 "date": datetime.now().isoformat(timespec="seconds"),
                 "parent_run_id": parent.info.run_id,
                 "wall_s": time.perf_counter() - t0,
+                "reused_runs": journal.reused,
             }
         )
         paths = write_report(results, out_dir, name=name)

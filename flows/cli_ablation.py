@@ -53,6 +53,14 @@ def register(app: typer.Typer) -> None:
         name: Annotated[
             str, typer.Option("--name", help="Report file stem: <out>/<name>.json/.md/.png (e.g. successors).")
         ] = "ablation",
+        resume: Annotated[
+            bool,
+            typer.Option(
+                "--resume",
+                help="Reuse the finished runs journaled in <out>/<name>.journal.jsonl whose config, base model and "
+                "data are unchanged (after a kill or across sessions); the rest run under the same parent run.",
+            ),
+        ] = False,
         quick: Annotated[
             bool,
             typer.Option("--quick", help="One seed, 2 steps, both regimes (a smoke run; shrink the model with --set)."),
@@ -101,13 +109,15 @@ def register(app: typer.Typer) -> None:
                 config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [],
                 regimes=parse_regimes(regimes), tuned_lr=tuned_lr, aggressive_lr=aggressive_lr, steps=steps,
                 seeds=seeds if seeds is not None else DEFAULT_SEEDS, base=str(base) if base else None, out_dir=out_dir,
-                rungs=rung_names, name=name,
+                rungs=rung_names, name=name, resume=resume,
             )  # fmt: skip
         except USER_ERRORS as exc:
             fail(str(exc))
         typer.echo("")
+        reused = f", {result['reused_runs']} journaled run(s) reused" if result.get("reused_runs") else ""
         typer.echo(
-            f"== dapo ablation finished in {time.perf_counter() - t0:.0f}s (MLflow run {result['parent_run_id']})"
+            f"== dapo ablation finished in {time.perf_counter() - t0:.0f}s (MLflow run {result['parent_run_id']}"
+            f"{reused})"
         )
         for name, regime in result["regimes"].items():
             row = "  ".join(f"{r['name']} {r['mean']:.3f}" for r in regime["rungs"])

@@ -151,7 +151,7 @@ def _train_step(
     gen_batches_total: int,
 ) -> tuple[dict[str, float], int]:
     """One rollout step: generation batches until the batch is full (dynamic sampling), then the update."""
-    t_step = time.perf_counter()
+    t_step, cpu_step = time.perf_counter(), time.process_time()
     ds = cfg.algorithm.dynamic_sampling
     acc = GroupAccumulator(
         target_num_groups=cfg.data.train_batch_size,
@@ -207,6 +207,9 @@ def _train_step(
             "train/update_skipped": float(not groups),
             "reward/num_failed": float(failed),
             "perf/time_per_step": step_time,
+            # this process's CPU seconds (all its threads): the step's compute with the local executor, less
+            # sensitive than wall time to other jobs on the machine (the ablation's control budget)
+            "perf/cpu_time_per_step": time.process_time() - cpu_step,
             "perf/total_num_tokens": metrics.pop("perf/batch_tokens"),
             "perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30,
         }

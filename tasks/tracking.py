@@ -269,6 +269,17 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in hist)
 
 
+def run_exists(cfg: DapoConfig, run_id: str | None) -> bool:
+    """Whether ``run_id`` is a live (not deleted) run of the configured store."""
+    if not run_id:
+        return False
+    configure_mlflow(cfg)
+    try:
+        return MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
+    except mlflow.exceptions.MlflowException:
+        return False
+
+
 def scratch_dir() -> tempfile.TemporaryDirectory[str]:
     return tempfile.TemporaryDirectory(prefix="dapo-mlflow-")
 

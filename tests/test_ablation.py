@@ -341,8 +341,11 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
         for r in regime["rungs"][:-1]:  # the base model's evaluation, then every step (test_freq 1 of 2 steps)
             assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
             assert r["curve"][0][1] == pytest.approx(data["base_acc"])
-        control = regime["rungs"][-1]
-        assert control["budget_s"][0] == pytest.approx(regime["rungs"][-2]["train_s"][0])
+        control, dapo = regime["rungs"][-1], regime["rungs"][-2]
+        # the control's budget: the dapo run's training CPU seconds (local executor), spent on >= 1 SFT step
+        assert dapo["train_cpu_s"][0] > 0 and control["budget_kind"] == ["cpu"]
+        assert control["budget_s"][0] == pytest.approx(dapo["train_cpu_s"][0])
+        assert control["cpu_s"][0] >= control["budget_s"][0] and control["sft_steps"][0] >= 1
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     parent = client.get_run(data["parent_run_id"])
@@ -377,13 +380,26 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     rungs = ["dapo", *SUCCESSOR_RUNGS]
+    # an ablation cut short (here: planned without dr-grpo), then resumed with the whole plan
     run_quick_ablation(
-        tmp_path, monkeypatch, ["--regimes", "tuned", "--rungs", ",".join(rungs), "--name", "successors"]
+        tmp_path, monkeypatch, ["--regimes", "tuned", "--rungs", ",".join(rungs[:-1]), "--name", "successors"]
     )
-
     out = tmp_path / "outputs/ablation-quick"
-    assert {p.name for p in out.iterdir()} == {"successors.json", "successors.md", "successors.png"}
+    first = json.loads((out / "successors.json").read_text())
+    run_quick_ablation(
+        tmp_path, monkeypatch,
+        ["--regimes", "tuned", "--rungs", ",".join(rungs), "--name", "successors", "--resume"],
+    )  # fmt: skip
+
+    assert {p.name for p in out.iterdir()} == {
+        "successors.json", "successors.md", "successors.png", "successors.journal.jsonl"
+    }  # fmt: skip
     data = json.loads((out / "successors.json").read_text())
+    # the resumed run reused the 4 journaled runs (same results, same parent run) and trained only dr-grpo
+    assert first["reused_runs"] == 0 and data["reused_runs"] == len(rungs) - 1
+    assert data["parent_run_id"] == first["parent_run_id"]
+    for before, after in zip(first["regimes"]["tuned"]["rungs"], data["regimes"]["tuned"]["rungs"], strict=False):
+        assert (before["name"], before["seeds"], before["run_id"]) == (after["name"], after["seeds"], after["run_id"])
     assert list(data["regimes"]) == ["tuned"]
     assert [r["name"] for r in data["regimes"]["tuned"]["rungs"]] == rungs
     for r in data["regimes"]["tuned"]["rungs"]:
@@ -394,6 +410,8 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch):
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
+    names = [r.info.run_name for r in children if r.data.tags.get("ablation.kind") == "train"]
+    assert sorted(names) == sorted(f"ablation-tuned-{n}-s1" for n in rungs)  # each run once, none repeated
     params = {r.info.run_name: r.data.params for r in children}
     assert params["ablation-tuned-gspo-s1"]["algorithm.policy_loss"] == "gspo"
     assert params["ablation-tuned-cispo-s1"]["algorithm.policy_loss"] == "cispo"

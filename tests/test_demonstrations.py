@@ -77,6 +77,13 @@ def test_control_trains_on_from_the_base_model(tmp_path):
     assert len(warm_start_exclusions(ws, ["1+2"])) == 1 + ws.heldout_size
     with pytest.raises(ValueError, match="needs a budget"):
         continue_warm_start(cfg, ws, base.output_dir)
+    # a CPU-time budget stops it: half the CPU seconds 3 steps took buys 1 to 3 steps, not the 50 allowed
+    three = continue_warm_start(cfg, ws, base.output_dir, max_steps=3)
+    assert three.steps == 3 and three.cpu_s > 0
+    half = continue_warm_start(cfg, ws, base.output_dir, cpu_budget_s=three.cpu_s / 2, max_steps=50)
+    assert 1 <= half.steps <= 3 and half.cpu_s >= three.cpu_s / 2
+    with pytest.raises(ValueError, match=r"cpu_budget_s \(0\) must be > 0"):
+        continue_warm_start(cfg, ws, base.output_dir, cpu_budget_s=0)
 
 
 def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():

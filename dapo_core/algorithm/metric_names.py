@@ -66,6 +66,7 @@ TIMING_PHASES = (
 
 PERF_THROUGHPUT = "perf/throughput"
 PERF_TIME_PER_STEP = "perf/time_per_step"
+PERF_CPU_TIME_PER_STEP = "perf/cpu_time_per_step"  # the training process's CPU seconds (all threads)
 PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 PERF_CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
 
@@ -135,5 +136,11 @@ def training_metric_names() -> list[str]:
         MISMATCH_PROB_ABS_DIFF_MAX,
     ]
     names += [timing(p) for p in TIMING_PHASES]
-    names += [PERF_THROUGHPUT, PERF_TIME_PER_STEP, PERF_TOTAL_NUM_TOKENS, PERF_CPU_MEMORY_USED_GB]
+    names += [
+        PERF_THROUGHPUT,
+        PERF_TIME_PER_STEP,
+        PERF_CPU_TIME_PER_STEP,
+        PERF_TOTAL_NUM_TOKENS,
+        PERF_CPU_MEMORY_USED_GB,
+    ]
     return names

@@ -45,7 +45,8 @@ CONTROL_WARMUP_STEPS = 10  # a fresh AdamW state: its first steps move every wei
 
 @dataclass
 class ControlResult:
-    """What the control did: steps, wall time, the last SFT loss, the trained model (and where it was saved)."""
+    """What the control did: steps, wall time, the last SFT loss, the trained model (and where it was saved), the
+    CPU seconds its training loop used."""
 
     steps: int
     wall_s: float
@@ -53,6 +54,7 @@ class ControlResult:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
     output_dir: Path | None = None
+    cpu_s: float = 0.0
 
 
 def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[str]:
@@ -75,6 +77,7 @@ def continue_warm_start(
     base_dir: str | Path,
     *,
     time_budget_s: float | None = None,
+    cpu_budget_s: float | None = None,
     max_steps: int | None = None,
     skip_steps: int | None = None,
     exclude: Collection[str] = (),
@@ -83,12 +86,17 @@ def continue_warm_start(
     """Continue supervised training of the model in ``base_dir`` on the warm start's demonstrations.
 
     ``skip_steps``: batches of the stream the warm start already used (default ``ws.steps``). Stops after
-    ``max_steps`` or ``time_budget_s`` seconds, whichever comes first (one of them is required).
+    ``max_steps``, ``time_budget_s`` wall seconds or ``cpu_budget_s`` seconds of this process's CPU time (all its
+    threads; other jobs on the machine hardly change it), whichever comes first (one of them is required).
     """
-    if time_budget_s is None and max_steps is None:
-        raise ValueError("continue_warm_start needs a budget: time_budget_s (seconds) or max_steps (SFT steps)")
-    if time_budget_s is not None and time_budget_s <= 0:
-        raise ValueError(f"time_budget_s ({time_budget_s}) must be > 0 seconds")
+    if time_budget_s is None and cpu_budget_s is None and max_steps is None:
+        raise ValueError(
+            "continue_warm_start needs a budget: time_budget_s (wall seconds), cpu_budget_s (CPU seconds) or "
+            "max_steps (SFT steps)"
+        )
+    for what, budget in (("time_budget_s", time_budget_s), ("cpu_budget_s", cpu_budget_s)):
+        if budget is not None and budget <= 0:
+            raise ValueError(f"{what} ({budget}) must be > 0 seconds")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps ({max_steps}) must be >= 1")
     start = time.perf_counter()
@@ -111,11 +119,13 @@ def continue_warm_start(
     batches = itertools.islice(stream, ws.steps if skip_steps is None else skip_steps, None)
     pad_id = int(tokenizer.pad_token_id)
     steps, loss = 0, float("nan")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for problems in batches:
         if max_steps is not None and steps >= max_steps:
             break
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
+            break
+        if cpu_budget_s is not None and time.process_time() - c0 >= cpu_budget_s:
             break
         batch = build_policy_batch(
             [prompt_ids(tokenizer, p.question) for p in problems],
@@ -126,6 +136,8 @@ def continue_warm_start(
         steps += 1
     model.eval()
     saved = save_hf_dir(model, tokenizer, output_dir) if output_dir is not None else None
-    wall = time.perf_counter() - start
-    logger.info("supervised control: %d steps at lr %g in %.1f s (loss %.4f)", steps, lr, wall, loss)
-    return ControlResult(steps=steps, wall_s=wall, final_loss=loss, model=model, tokenizer=tokenizer, output_dir=saved)
+    wall, cpu = time.perf_counter() - start, time.process_time() - c0
+    logger.info("supervised control: %d steps at lr %g in %.1f s, %.1f CPU s (loss %.4f)", steps, lr, wall, cpu, loss)
+    return ControlResult(
+        steps=steps, wall_s=wall, final_loss=loss, model=model, tokenizer=tokenizer, output_dir=saved, cpu_s=cpu
+    )

@@ -267,8 +267,9 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
         "",
         f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
         "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator. "
-        "sft-control: the base model given the dapo rung's training time (its summed timing_s/step, same seed) of "
-        "continued supervised training.",
+        "sft-control: the base model given the dapo rung's training time (same seed: the CPU seconds of its "
+        "training steps, perf/cpu_time_per_step summed, which other jobs on the machine hardly change; wall time "
+        "with the Ray executor) of continued supervised training.",
         "",
         "## What the curves show",
         "",
