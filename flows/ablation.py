@@ -8,7 +8,7 @@ Run it::
     dapo ablation --regimes tuned --rungs dapo,gspo,cispo,gmpo,dr-grpo --name successors   # DAPO's successors
 
 Steps: curate + base model (reused when up to date; or ``--base DIR``) -> evaluate the base model -> for each
-regime (``tuned``: the recipe's lr; ``aggressive``: 10x) and each cumulative rung of the ladder
+regime (``tuned``: the recipe's lr; ``aggressive``: 3x, where GRPO collapses) and each cumulative rung of the ladder
 (``dapo_core.config.ablation``) and seed: train (a nested MLflow run tagged ``ablation.*``) and evaluate the final
 model -> the supervised control of each regime and seed: continue the warm start for the dapo rung's training time
 -> ``ablation.json`` / ``.md`` / ``.png`` (``dapo_core.evaluation.ablation_report``), logged to the parent run.

@@ -11,6 +11,7 @@ import pytest
 
 from dapo_core.config import load_config
 from dapo_core.config.ablation import (
+    AGGRESSIVE_LR_FACTOR,
     ALL_RUNGS,
     EVIDENCE_KEYS,
     KNOWN_RUNGS,
@@ -137,7 +138,7 @@ def test_parse_rungs_keeps_order_and_refuses_bad_plans():
 def test_regimes_lrs_and_run_overrides():
     cfg = load_config(recipe="tiny-dapo", env={})
     tuned, aggressive = build_regimes(cfg, "tuned,aggressive")
-    assert tuned.lr == cfg.trainer.lr and aggressive.lr == pytest.approx(10 * cfg.trainer.lr)
+    assert tuned.lr == cfg.trainer.lr and aggressive.lr == pytest.approx(AGGRESSIVE_LR_FACTOR * cfg.trainer.lr)
     assert [r.lr for r in build_regimes(cfg, ["aggressive"], aggressive_lr=3e-3)] == [3e-3]
     assert parse_regimes(" aggressive , tuned,tuned") == ["aggressive", "tuned"]
     with pytest.raises(ValueError, match="valid: tuned, aggressive"):
@@ -333,7 +334,7 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
     assert {p.name for p in out.iterdir()} >= {"ablation.json", "ablation.md", "ablation.png"}
     data = json.loads((out / "ablation.json").read_text())
     assert set(data["regimes"]) == {"tuned", "aggressive"} and data["steps"] == 2
-    assert data["regimes"]["aggressive"]["lr"] == pytest.approx(10 * data["regimes"]["tuned"]["lr"])
+    assert data["regimes"]["aggressive"]["lr"] == pytest.approx(AGGRESSIVE_LR_FACTOR * data["regimes"]["tuned"]["lr"])
     for regime in data["regimes"].values():
         assert [r["name"] for r in regime["rungs"]] == list(ALL_RUNGS)
         for r in regime["rungs"]:
