@@ -49,7 +49,7 @@ from flows.base_model import base_model_flow, warm_start_settings
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
-from tasks import tracking
+from tasks import flow_runs, tracking
 from tasks.base_model import STAMP_FILE, read_exclusions
 from tasks.evaluate import load_run_histories
 
@@ -316,8 +316,11 @@ def ablation_flow(
     tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
     parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
     parent_id = journal.parent_run_id if resume and tracking.run_exists(cfg, journal.parent_run_id) else None
+    interrupted = tracking.run_tag(cfg, parent_id, "prefect.flow_run_id") if parent_id else None
     with tracking.start_run(cfg, run_name=parent_name, run_id=parent_id, tags=tags) as parent:
         journal.set_parent(parent.info.run_id)
+        if flow_runs.mark_resumed(interrupted):  # the killed ablation's flow run: CRASHED, naming this one
+            tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
         if parent_id is None:
             tracking.log_params_flat(cfg)
         tracking.set_tags(

@@ -50,9 +50,21 @@ config_app = typer.Typer(help="Inspect the resolved config and the shipped recip
 app.add_typer(config_app, name="config")
 
 
+# commands whose subprocesses (Prefect's temporary server, Ray, engines) must not outlive them (flows/reaper.py);
+# not `ui`, whose servers run on in the background by design
+REAPED_COMMANDS = frozenset({"train", "pipeline", "ablation", "evaluate", "base-model", "curate", "data", "serve"})
+
+
 @app.callback()
-def main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False) -> None:
+def main(
+    ctx: typer.Context,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
+) -> None:
     """DAPO (arXiv 2503.14476) as a reproducible pipeline: data -> curate -> train -> evaluate."""
+    if ctx.invoked_subcommand in REAPED_COMMANDS:
+        from flows.reaper import start_reaper
+
+        start_reaper()
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -23,7 +23,7 @@ from dapo_core.seeding import derive_seed
 from dapo_core.training.health import HealthMonitor
 from dapo_core.training.prompts import PromptSampler
 from dapo_core.training.step import zero_variance_flags
-from tasks import tracking
+from tasks import flow_runs, tracking
 from tasks import train as T
 from tasks.train_logging import (
     finish_run_artifacts,
@@ -97,11 +97,15 @@ def run_training(cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dic
             plog.info("resuming %s from %s (step %d)", run_name, resume_from["path"], start_step)
 
         tags = {**run_tags(cfg, run_name), **extra_tags}
+        # the flow run of the interrupted process (linked on the MLflow run), before this one's link replaces it
+        interrupted = tracking.run_tag(cfg, run_id, "prefect.flow_run_id") if run_id else None
         with tracking.start_run(cfg, run_name=run_name, run_id=run_id, nested=nested, tags=tags) as run:
             run_id = run.info.run_id
             tracking.log_params_flat(cfg)
             tracking.set_tags(tags)
             if resume_from is not None:
+                if flow_runs.mark_resumed(interrupted):
+                    tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
                 removed = tracking.truncate_metrics_after(run_id, start_step)
                 plog.info("removed %d metric points logged after step %d by the interrupted run", removed, start_step)
             elif cfg.trainer.val_before_train:

@@ -269,6 +269,15 @@ def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in hist)
 
 
+def run_tag(cfg: DapoConfig, run_id: str, key: str) -> str | None:
+    """One tag of a run of the configured store (None when the run or the tag is missing)."""
+    configure_mlflow(cfg)
+    try:
+        return MlflowClient().get_run(run_id).data.tags.get(key)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
 def run_exists(cfg: DapoConfig, run_id: str | None) -> bool:
     """Whether ``run_id`` is a live (not deleted) run of the configured store."""
     if not run_id:
