@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 
 from dapo_core.config import DapoConfig, flatten_config
 from dapo_core.config.schema import resolved_artifact_location, resolved_tracking_uri
+from tasks.redact import redact, redact_items
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def start_run(
         run_id=run_id,
         run_name=None if run_id else run_name,
         nested=nested,
-        tags=dict(tags or {}),
+        tags=redact_items({k: str(v) for k, v in (tags or {}).items()}),
         log_system_metrics=cfg.tracking.log_system_metrics,
     )
     try:
@@ -180,7 +181,7 @@ def _run_id(run_id: str | None) -> str:
 
 def log_params_flat(cfg: DapoConfig, *, run_id: str | None = None) -> dict[str, str]:
     """Log the whole config as flattened dotted params (``trainer.lr``...). Returns what was logged."""
-    flat = flatten_config(cfg)
+    flat = redact_items(flatten_config(cfg))  # a tracking URI with a password, a token in an override: masked
     rid = _run_id(run_id)
     client = MlflowClient()
     existing = client.get_run(rid).data.params
@@ -210,7 +211,7 @@ def log_metrics(metrics: Mapping[str, float], step: int, *, run_id: str | None =
 
 def set_tags(tags: Mapping[str, Any], *, run_id: str | None = None) -> None:
     rid = _run_id(run_id)
-    items = [RunTag(k, str(v)) for k, v in tags.items()]
+    items = [RunTag(k, v) for k, v in redact_items({k: str(v) for k, v in tags.items()}).items()]
     client = MlflowClient()
     for i in range(0, len(items), _MAX_TAGS):
         client.log_batch(rid, tags=items[i : i + _MAX_TAGS])
@@ -241,7 +242,7 @@ def log_text(text: str, artifact_file: str, *, run_id: str | None = None) -> Non
 
 
 def _log_text(text: str, artifact_file: str, run_id: str | None) -> None:
-    MlflowClient().log_text(_run_id(run_id), text, artifact_file)
+    MlflowClient().log_text(_run_id(run_id), redact(text), artifact_file)
 
 
 def log_table(rows: list[dict[str, Any]], artifact_file: str, *, run_id: str | None = None) -> None:
@@ -259,8 +260,19 @@ def log_artifacts(local_dir: str | Path, artifact_path: str | None = None, *, ru
     MlflowClient().log_artifacts(_run_id(run_id), str(local_dir), artifact_path)
 
 
+REDACTED_SUFFIXES = (".log", ".txt", ".md", ".json", ".yaml", ".yml")  # text artifacts that may quote a secret
+_MAX_REDACTED_BYTES = 64 * 2**20
+
+
 def log_artifact(local_file: str | Path, artifact_path: str | None = None, *, run_id: str | None = None) -> None:
-    MlflowClient().log_artifact(_run_id(run_id), str(local_file), artifact_path)
+    """Log one file; text files (logs, reports, configs) go up with their secrets masked (tasks/redact.py)."""
+    path = Path(local_file)
+    if path.suffix in REDACTED_SUFFIXES and path.stat().st_size <= _MAX_REDACTED_BYTES:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if redact(text) != text:
+            _log_text(text, f"{artifact_path}/{path.name}" if artifact_path else path.name, run_id)
+            return
+    MlflowClient().log_artifact(_run_id(run_id), str(path), artifact_path)
 
 
 def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
