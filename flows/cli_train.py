@@ -53,6 +53,12 @@ def register(app: typer.Typer) -> None:
         resume: Annotated[
             bool, typer.Option("--resume", help="Continue the run named by tracking.run_name from its last checkpoint.")
         ] = False,
+        force: Annotated[
+            bool,
+            typer.Option(
+                "--force", help="With --resume: continue even though the config differs from the checkpoint's."
+            ),
+        ] = False,
     ) -> None:
         """Train with DAPO (or the recipe's GRPO baseline): rollout -> reward -> filter -> update, in MLflow."""
         resolve_config(config, recipe, overrides)  # a bad config fails here, before any work
@@ -63,12 +69,19 @@ def register(app: typer.Typer) -> None:
         t0 = time.perf_counter()
         try:
             summary = train_module.train_flow(
-                config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [], resume=resume
-            )
+                config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [], resume=resume,
+                force=force,
+            )  # fmt: skip
         except USER_ERRORS as exc:
             fail(str(exc))
         finally:
             train_module.PROGRESS_HOOKS.clear()
+        if summary.get("already_finished"):
+            typer.echo(
+                f"run {summary['run_name']} ({summary['run_id']}) had already finished: nothing to do; final model "
+                f"{summary['final_model']}"
+            )
+            return
         m = summary["final_metrics"]
         typer.echo(
             f"run {summary['run_name']} ({summary['run_id']}) finished in {time.perf_counter() - t0:.0f}s: "

@@ -6,6 +6,7 @@ Run it: ``dapo train`` (params.yaml), ``dapo train --recipe tiny-grpo --set trai
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ import psutil
 from prefect import flow, get_run_logger
 
 from dapo_core.algorithm import GroupAccumulator
-from dapo_core.config import DapoConfig, load_config
+from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
 from dapo_core.config.schema import resolved_run_name
 from dapo_core.engines.checkpoint import latest_checkpoint
 from dapo_core.seeding import derive_seed
@@ -38,7 +39,33 @@ logger = logging.getLogger(__name__)
 PROGRESS_HOOKS: list[Callable[[int, int, dict[str, float]], None]] = []
 
 
-def _resume_state(ckpt_root: Path, resume: bool) -> dict[str, Any] | None:
+# keys a resume may change without --force: how long the run goes on and how often it saves/validates/logs
+RESUME_MUTABLE_PREFIXES: tuple[str, ...] = (
+    "trainer.total_steps",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.max_ckpt_to_keep",
+    "trainer.val_before_train",
+    "tracking.",
+)
+
+
+class ResumeConfigError(ConfigError):
+    """--resume with a config that differs from the checkpoint's in keys that change the results."""
+
+
+def config_changes(saved: dict[str, str], now: dict[str, str]) -> dict[str, tuple[str | None, str | None]]:
+    """Flattened keys whose value differs between the checkpoint's config and this one (mutable keys left out)."""
+    keys = sorted(set(saved) | set(now))
+    return {
+        k: (saved.get(k), now.get(k))
+        for k in keys
+        if saved.get(k) != now.get(k) and not k.startswith(RESUME_MUTABLE_PREFIXES)
+    }
+
+
+def _resume_state(ckpt_root: Path, resume: bool, cfg: DapoConfig, force: bool) -> dict[str, Any] | None:
+    """The checkpoint to resume from (and its metadata); refuses a changed config unless ``force``."""
     if not resume:
         return None
     path = latest_checkpoint(ckpt_root)
@@ -47,7 +74,21 @@ def _resume_state(ckpt_root: Path, resume: bool) -> dict[str, Any] | None:
             f"--resume: no complete checkpoint under {ckpt_root}. Check tracking.run_name (the run to continue) "
             "and trainer.output_dir, or start without --resume"
         )
-    return {"path": path}
+    meta = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    saved = meta.get("config")
+    if isinstance(saved, dict):
+        changes = config_changes(saved, {k: str(v) for k, v in flatten_config(cfg).items()})
+        if changes and not force:
+            lines = "\n".join(f"  {k}: {old!r} (checkpoint) -> {new!r} (now)" for k, (old, new) in changes.items())
+            raise ResumeConfigError(
+                f"--resume: the config differs from the one {path} was trained with, in {len(changes)} key(s):\n"
+                f"{lines}\nResume with the checkpoint's values (e.g. the same --config/--recipe/--set), or add "
+                "--force to continue with the new ones (the run then mixes two configs). Free to change on resume: "
+                + ", ".join(RESUME_MUTABLE_PREFIXES)
+            )
+        if changes:
+            logger.warning("--resume --force: continuing with %d changed key(s): %s", len(changes), sorted(changes))
+    return {"path": path, "step": int(meta["step"]), "meta": meta}
 
 
 @flow(name="dapo-train", log_prints=False, validate_parameters=True)
@@ -58,18 +99,32 @@ def train_flow(
     resume: bool = False,
     nested: bool = False,
     extra_tags: dict[str, str] | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Train a policy with DAPO (or GRPO, per the recipe). Returns a summary (run id, paths, final metrics)."""
+    """Train a policy with DAPO (or GRPO, per the recipe). Returns a summary (run id, paths, final metrics).
+
+    ``resume``: continue from the run's last checkpoint (refused when the config changed, unless ``force``)."""
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
-    return run_training(cfg, resume=resume, nested=nested, extra_tags=extra_tags or {})
+    return run_training(cfg, resume=resume, nested=nested, extra_tags=extra_tags or {}, force=force)
 
 
-def run_training(cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dict[str, str]) -> dict[str, Any]:
+def run_training(
+    cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dict[str, str], force: bool = False
+) -> dict[str, Any]:
     plog = get_run_logger()
     run_name = resolved_run_name(cfg)
     out_dir = Path(cfg.trainer.output_dir) / run_name
     ckpt_root = out_dir / "checkpoints"
-    resume_from = _resume_state(ckpt_root, resume)
+    resume_from = _resume_state(ckpt_root, resume, cfg, force)
+    if resume_from is not None and resume_from["step"] >= cfg.trainer.total_steps and (out_dir / "final").is_dir():
+        plog.info(
+            "--resume: %s already finished (checkpoint %s at step %d of %d, final model %s): nothing to do",
+            run_name, resume_from["path"], resume_from["step"], cfg.trainer.total_steps, out_dir / "final",
+        )  # fmt: skip
+        return {
+            "run_id": resume_from["meta"].get("mlflow_run_id"), "run_name": run_name, "final_metrics": {},
+            "final_model": str(out_dir / "final"), "registered_model": None, "already_finished": True,
+        }  # fmt: skip
 
     out_dir.mkdir(parents=True, exist_ok=True)
     log_handler = logging.FileHandler(out_dir / "train.log")
@@ -123,6 +178,7 @@ def run_training(cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dic
                 if due_save or step == cfg.trainer.total_steps:
                     t0 = time.perf_counter()
                     meta = {
+                        "config": {k: str(v) for k, v in flatten_config(cfg).items()},  # what --resume compares
                         "mlflow_run_id": run_id,
                         "gen_batches_total": gen_batches_total,
                         "sampler": sampler.state_dict(),
