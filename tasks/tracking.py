@@ -15,6 +15,7 @@ http://127.0.0.1:5000), and the run carries the flow run's id (tags ``prefect.fl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -29,12 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from dapo_core.config import DapoConfig, flatten_config
 from dapo_core.config.schema import resolved_artifact_location, resolved_tracking_uri
+from tasks import spool
 from tasks.redact import redact, redact_items
+from tasks.spool import Outbox
+from tasks.tracking_send import send as _send
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +60,37 @@ def _artifact_uri(location: str) -> str:
     return Path(location).expanduser().resolve().as_uri()
 
 
+# An HTTP tracking server that is down must fail a write in seconds (it then waits in the outbox, tasks/spool.py),
+# not after MLflow's default 7 retries with exponential backoff (minutes per write). A user's own values win.
+_HTTP_FAIL_FAST = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+OUTBOX_DIR = ".mlflow-outbox"  # under trainer.output_dir
+_outbox: Outbox | None = None
+
+
+def outbox() -> Outbox:
+    """This process's tracking outbox (configure_mlflow sets its directory; ./outputs before that)."""
+    global _outbox
+    if _outbox is None:
+        _outbox = Outbox(Path("outputs") / OUTBOX_DIR, _send)
+    return _outbox
+
+
 def configure_mlflow(cfg: DapoConfig) -> str:
     """Point MLflow at the configured store and experiment (created with the configured artifact root)."""
+    global _outbox
     uri = resolved_tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        for key, value in _HTTP_FAIL_FAST.items():
+            os.environ.setdefault(key, value)
+    root = Path(cfg.trainer.output_dir) / OUTBOX_DIR
+    if _outbox is None or _outbox.root != root:
+        if _outbox is not None and len(_outbox):
+            _outbox.flush()
+        _outbox = Outbox(root, _send)
     mlflow.set_tracking_uri(uri)
     name = cfg.tracking.experiment
     client = MlflowClient(tracking_uri=uri)
@@ -114,10 +145,30 @@ def start_run(
         link_flow_run(run)
         yield run
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        _end_run(run.info.run_id, "FAILED")
         raise
     else:
-        mlflow.end_run(status="FINISHED")
+        _end_run(run.info.run_id, "FINISHED")
+
+
+def _end_run(run_id: str, status: str) -> None:
+    """End the active run; first deliver what waits in the outbox (waiting for the server up to
+    ``DAPO_TRACKING_OUTAGE_WAIT_S``). If the server is still unreachable the end waits in the outbox too."""
+    box = outbox()
+    if len(box) and not box.flush(spool.wait_s()):
+        logger.warning("tracking server still unreachable: %d MLflow write(s) wait in %s", len(box), box.path)
+    try:
+        mlflow.end_run(status=status)  # pops the run off MLflow's stack first, then tells the server
+    except Exception as exc:
+        if not spool.unreachable(exc):
+            raise
+        box.queue({"kind": "end", "run_id": run_id, "status": status})
+        from mlflow.tracking import fluent
+
+        monitor = getattr(fluent, "run_id_to_system_metrics_monitor", {}).pop(run_id, None)
+        if monitor is not None:
+            with contextlib.suppress(Exception):
+                monitor.finish()
 
 
 def mlflow_ui_url(tracking_uri: str | None = None) -> str:
@@ -186,10 +237,10 @@ def log_params_flat(cfg: DapoConfig, *, run_id: str | None = None) -> dict[str, 
     client = MlflowClient()
     existing = client.get_run(rid).data.params
     params = [
-        Param(k, v[:_MAX_PARAM_VALUE]) for k, v in sorted(flat.items()) if k not in existing
+        [k, v[:_MAX_PARAM_VALUE]] for k, v in sorted(flat.items()) if k not in existing
     ]  # a resumed run already has them (MLflow forbids changing a param)
     for i in range(0, len(params), _MAX_PARAMS):
-        client.log_batch(rid, params=params[i : i + _MAX_PARAMS])
+        outbox().submit({"kind": "params", "run_id": rid, "params": params[i : i + _MAX_PARAMS]})
     return flat
 
 
@@ -203,18 +254,16 @@ def log_metrics(metrics: Mapping[str, float], step: int, *, run_id: str | None =
         if not math.isfinite(value):
             logger.warning("metric %s=%s at step %d is not finite; not logged", k, value, step)
             continue
-        items.append(Metric(key=k, value=value, timestamp=now, step=int(step)))
-    client = MlflowClient()
+        items.append([k, value, now, int(step)])
     for i in range(0, len(items), _MAX_METRICS):
-        client.log_batch(rid, metrics=items[i : i + _MAX_METRICS])
+        outbox().submit({"kind": "metrics", "run_id": rid, "metrics": items[i : i + _MAX_METRICS]})
 
 
 def set_tags(tags: Mapping[str, Any], *, run_id: str | None = None) -> None:
     rid = _run_id(run_id)
-    items = [RunTag(k, v) for k, v in redact_items({k: str(v) for k, v in tags.items()}).items()]
-    client = MlflowClient()
+    items = [[k, v] for k, v in redact_items({k: str(v) for k, v in tags.items()}).items()]
     for i in range(0, len(items), _MAX_TAGS):
-        client.log_batch(rid, tags=items[i : i + _MAX_TAGS])
+        outbox().submit({"kind": "tags", "run_id": rid, "tags": items[i : i + _MAX_TAGS]})
 
 
 def git_tags(repo: str | Path = ".") -> dict[str, str]:
@@ -242,7 +291,7 @@ def log_text(text: str, artifact_file: str, *, run_id: str | None = None) -> Non
 
 
 def _log_text(text: str, artifact_file: str, run_id: str | None) -> None:
-    MlflowClient().log_text(_run_id(run_id), redact(text), artifact_file)
+    outbox().submit({"kind": "text", "run_id": _run_id(run_id), "text": redact(text), "artifact_file": artifact_file})
 
 
 def log_table(rows: list[dict[str, Any]], artifact_file: str, *, run_id: str | None = None) -> None:
@@ -253,11 +302,19 @@ def log_table(rows: list[dict[str, Any]], artifact_file: str, *, run_id: str | N
     for r in rows:
         for k in columns:
             columns[k].append(r.get(k))
-    MlflowClient().log_table(_run_id(run_id), data=columns, artifact_file=artifact_file)
+    outbox().submit({"kind": "table", "run_id": _run_id(run_id), "columns": columns, "artifact_file": artifact_file})
+
+
+def wait_for_delivery() -> bool:
+    """Deliver what waits in the outbox, waiting for an unreachable server up to ``DAPO_TRACKING_OUTAGE_WAIT_S``
+    (before reading the run back from the server, e.g. for the end-of-run plots). True when all was delivered."""
+    box = outbox()
+    return not len(box) or box.flush(spool.wait_s())
 
 
 def log_artifacts(local_dir: str | Path, artifact_path: str | None = None, *, run_id: str | None = None) -> None:
-    MlflowClient().log_artifacts(_run_id(run_id), str(local_dir), artifact_path)
+    item = {"kind": "artifacts", "run_id": _run_id(run_id), "local": str(local_dir), "artifact_path": artifact_path}
+    outbox().submit(item, stash=local_dir)
 
 
 REDACTED_SUFFIXES = (".log", ".txt", ".md", ".json", ".yaml", ".yml")  # text artifacts that may quote a secret
@@ -272,7 +329,8 @@ def log_artifact(local_file: str | Path, artifact_path: str | None = None, *, ru
         if redact(text) != text:
             _log_text(text, f"{artifact_path}/{path.name}" if artifact_path else path.name, run_id)
             return
-    MlflowClient().log_artifact(_run_id(run_id), str(path), artifact_path)
+    item = {"kind": "artifact", "run_id": _run_id(run_id), "local": str(path), "artifact_path": artifact_path}
+    outbox().submit(item, stash=path)
 
 
 def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
@@ -361,12 +419,7 @@ def register_hf_model(
     Returns ``models:/<name>/<version>``; ``mlflow.artifacts.download_artifacts`` of that URI gives back a
     directory that ``from_pretrained`` loads."""
     rid = _run_id(run_id)
-    client = MlflowClient()
-    client.log_artifacts(rid, str(local_dir), artifact_path)
-    try:
-        client.create_registered_model(name)
-    except mlflow.exceptions.MlflowException as e:
-        if "already exists" not in str(e).lower() and "RESOURCE_ALREADY_EXISTS" not in str(e):
-            raise
-    version = client.create_model_version(name, source=f"runs:/{rid}/{artifact_path}", run_id=rid)
-    return f"models:/{name}/{version.version}"
+    item = {"kind": "register", "run_id": rid, "local": str(local_dir), "artifact_path": artifact_path, "name": name}
+    uri = outbox().submit(item, stash=local_dir)
+    # queued (tracking server unreachable): the version is made when the outbox delivers the registration
+    return uri if uri != spool.QUEUED else f"models:/{name}/latest"

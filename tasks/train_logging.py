@@ -98,6 +98,7 @@ def finish_run_artifacts(
 ) -> dict[str, Any]:
     """Export the final policy (HF dir), register it, draw the training-dynamics plots, log the run's log file."""
     final_dir = executor.export_model(out_dir / "final")
+    tracking.wait_for_delivery()  # the plots read the run back: a tracking outage must be over first
     model_uri = tracking.register_hf_model(final_dir, run_name, artifact_path="model")
     plot = plot_training_dynamics(_histories(run_id), out_dir / "training_dynamics.png", title=run_name)
     tracking.log_artifact(plot, "plots")

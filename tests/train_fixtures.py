@@ -70,6 +70,15 @@ def make_train_cfg(root: Path, *extra: str, recipe: str = "tiny-dapo"):
     return load_config(recipe=recipe, overrides=sets, env={})
 
 
+@register_reward("test_slow_even_length")
+def slow_even_length_reward(completion: str, ground_truth: str) -> dict:
+    """test_even_length taking 50 ms a sample: a run slow enough to outlast a stopped tracking server."""
+    import time
+
+    time.sleep(0.05)
+    return even_length_reward(completion, ground_truth)
+
+
 @register_reward("test_half_hopeless")
 def half_hopeless_reward(completion: str, ground_truth: str) -> dict:
     """Zero-variance groups on purpose: prompts with an even ground truth can never be solved (all -1)."""
