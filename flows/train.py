@@ -20,6 +20,7 @@ from dapo_core.algorithm import GroupAccumulator
 from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
 from dapo_core.config.schema import resolved_run_name
 from dapo_core.engines.checkpoint import latest_checkpoint
+from dapo_core.faults import fault_point
 from dapo_core.seeding import derive_seed
 from dapo_core.training.health import HealthMonitor
 from dapo_core.training.prompts import PromptSampler
@@ -174,6 +175,12 @@ def run_training(
                 for alert in health.update(step, last_metrics):
                     plog.warning("training-health alert %s at step %d: %s", alert.name, alert.step, alert.message)
                     tracking.set_tags({f"alert.{alert.name}": f"step {alert.step}: {alert.message}"})
+                fault_point("update", step)  # the policy has moved; nothing of this step is saved or logged
+                if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
+                    last_metrics.update(validate(executor, val_items, cfg, step=step))
+                # the step's metrics go out before its checkpoint: a kill in between is redone from the previous
+                # checkpoint (resume drops the points after it), so no step is ever missing
+                log_step(last_metrics, step)
                 due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
                 if due_save or step == cfg.trainer.total_steps:
                     t0 = time.perf_counter()
@@ -188,9 +195,8 @@ def run_training(
                     path = T.save_checkpoint(executor, ckpt_root, step, meta)
                     tracking.log_artifacts(path, f"checkpoints/{path.name}")
                     last_metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-                if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
-                    last_metrics.update(validate(executor, val_items, cfg, step=step))
-                log_step(last_metrics, step)
+                    tracking.log_metrics({"timing_s/save_checkpoint": last_metrics["timing_s/save_checkpoint"]}, step)
+                fault_point("between-steps", step)
                 for hook in PROGRESS_HOOKS:
                     hook(step, cfg.trainer.total_steps, last_metrics)
             summary = finish_run_artifacts(executor, cfg, run_id, run_name, out_dir)
@@ -224,6 +230,7 @@ def _train_step(
         items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
         t0 = time.perf_counter()
         results = T.rollout(executor, items, cfg, derive_seed(cfg.trainer.seed, "train", step, gen_idx))
+        fault_point("rollout", step)  # samples generated, not yet scored
         t1 = time.perf_counter()
         batch = T.score(executor, items, results, cfg)
         t2 = time.perf_counter()

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from dapo_core.faults import fault_point
+
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -131,6 +133,7 @@ def save_checkpoint(
             prune_checkpoints(root, max_to_keep)
 
     if sharded is None:
+        remove_stale_tmp(root)
         tmp = root / f".tmp-step_{step}-{os.getpid()}"
         _fresh_dir(tmp)
         commit(tmp)
@@ -145,6 +148,33 @@ def save_checkpoint(
         raise
     _on_rank0(sharded, lambda: commit(tmp), f"write {final}")
     return final
+
+
+_TMP_DIR = re.compile(r"^\.tmp-step_\d+-(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_tmp(root: str | Path) -> list[Path]:
+    """Delete the half-written checkpoints (``.tmp-step_<n>-<pid>``) of processes that are gone (killed mid-write);
+    they are never loaded (no ``step_<n>`` name, no COMPLETE marker), only disk wasted. Returns what was removed."""
+    root = Path(root)
+    removed = []
+    if root.is_dir():
+        for child in root.iterdir():
+            m = _TMP_DIR.match(child.name)
+            if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child)
+    return removed
 
 
 def _fresh_dir(path: Path) -> None:
@@ -180,6 +210,7 @@ def _write_and_commit(
 ) -> None:
     """The HF files, trainer state, RNG, JSON and COMPLETE into ``tmp``, then rename it to ``final``."""
     model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
+    fault_point("checkpoint", step)  # reliability tests: a kill with the weights written, the rest not
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")

@@ -1,0 +1,26 @@
+"""Fault injection for the reliability tests: ``DAPO_FAULT=<point>@<step>`` makes the process SIGKILL itself there.
+
+Points (tests/reliability/test_crash_points.py kills a real `dapo train` at each and resumes it): ``rollout`` (samples
+generated, not scored), ``update`` (the policy moved, nothing saved or logged), ``logging`` (half of a step's
+metrics logged), ``checkpoint`` (a checkpoint half-written: weights on disk, no trainer state, no COMPLETE marker),
+``between-steps`` (a step done, logged and, when due, saved). Unset (the default), ``fault_point`` costs one
+environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+FAULT_ENV = "DAPO_FAULT"
+POINTS: tuple[str, ...] = ("rollout", "update", "logging", "checkpoint", "between-steps")
+
+
+def fault_point(point: str, step: int) -> None:
+    """SIGKILL this process when ``DAPO_FAULT`` names ``point`` at ``step`` (e.g. ``DAPO_FAULT=update@3``)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    name, _, at = spec.partition("@")
+    if name == point and at.strip().isdigit() and int(at) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
