@@ -134,6 +134,36 @@ def test_reward_item_that_sleeps_forever_is_failed_within_its_bound(ray_session)
         pool.kill()
 
 
+def test_reward_worker_killed_mid_step_gives_the_undisturbed_result(ray_session):
+    """A reward worker SIGKILLed from outside while it scores: restarted, its item scored again, the batch's
+    result identical to an undisturbed pool's; an item that kills its worker every time is a [CRASH] failure."""
+    import os
+    import signal
+    import threading
+
+    def slow_parity(completion: str, ground_truth: str) -> dict:  # defined here: Ray ships it by value
+        if completion == "EXIT":  # an item that kills whatever worker scores it
+            os._exit(1)
+        time.sleep(0.2)
+        ok = int(completion) % 2 == int(ground_truth) % 2
+        return {"score": 1.0 if ok else -1.0, "acc": ok, "pred": completion}
+
+    texts, truths = [str(i) for i in range(12)], [str(i % 3) for i in range(12)]
+    pool = RewardPool(slow_parity, num_workers=2, item_timeout_s=30.0, start_timeout_s=60.0)
+    try:
+        clean = pool.score(texts, truths)
+        victim = pool.actors[0]
+        pid = victim.node["pid"]
+        threading.Timer(0.5, lambda: os.kill(pid, signal.SIGKILL)).start()  # mid-step: ~2 of its 6 items done
+        disturbed = pool.score(texts, truths)
+        assert victim.node["pid"] != pid  # it was killed and came back
+        assert disturbed.num_failed == 0 and disturbed.results == clean.results
+        killer = pool.score(["1", "EXIT", "3"], ["1", "0", "1"])
+        assert killer.num_failed == 1 and [r["pred"] for r in killer.results] == ["1", "[CRASH]", "3"]
+    finally:
+        pool.kill()
+
+
 def test_the_failure_limit_raises_an_error_naming_actor_node_and_cause(pair):
     victim = pair.remote.rollout.actors[1]
     victim.failures = pair.remote.options.max_actor_failures - 1  # one more failure reaches the limit

@@ -4,7 +4,9 @@ Each reward worker is a Ray actor that streams one result per item (a Ray stream
 waits for the *next* item of each worker with a deadline of ``item_timeout_s``. An item that overruns it is
 scored as a failure (score -1, acc False, pred ``[TIMEOUT]``), its worker process is killed and restarted by Ray,
 and the worker resumes after that item. An item whose reward function raises is a failure too (pred
-``[ERROR]``), and so is one that kills its worker. Failures are counted in ``ScoredBatch.num_failed``; none of
+``[ERROR]``), and so is one that kills its worker twice (``[CRASH]``): a worker that dies on an item (killed from
+outside: the OOM killer, an operator, a lost node) is restarted and the item scored again once, so the step's
+result is the one an undisturbed pool gives. Failures are counted in ``ScoredBatch.num_failed``; none of
 them stalls the step. No SIGALRM: that only works on a main thread (and breaks inside Ray workers); a process
 boundary bounds even code that never returns to the interpreter (a C-level regex, a huge integer parse).
 
@@ -64,6 +66,8 @@ class _Stream:
     gen: Any  # ray ObjectRefGenerator
     pos: int = 0  # next item of ``indices`` to arrive
     deadline: float = 0.0
+    retried: int | None = None  # the item this stream already retried after its worker died on it
+    broken: bool = False  # the worker died: restart it and go on from ``pos``
 
 
 class RewardPool:
@@ -140,9 +144,12 @@ class RewardPool:
                 if done:
                     streams.remove(stream)
                     rest = stream.indices[stream.pos :]
-                    if rest and failed:  # the worker was killed or died: resume after the failed item
+                    if rest and (failed or stream.broken):  # the worker was killed or died: go on after it
                         stream.actor.wait_alive(self.start_timeout_s)
-                        streams.append(self._start(stream.actor, rest, completions, ground_truths))
+                        restarted = self._start(stream.actor, rest, completions, ground_truths)
+                        if stream.broken and not failed:  # the item it died on is scored again, once
+                            restarted.retried = rest[0]
+                        streams.append(restarted)
                         for other in streams:  # the restart wait is not the other items' time
                             other.deadline = max(other.deadline, time.monotonic() + self.item_timeout_s)
         return ScoredBatch([r if r is not None else _failure(ERROR_PRED) for r in results], num_failed)
@@ -153,10 +160,17 @@ class RewardPool:
             value, item_failed = ray.get(next(stream.gen))
         except StopIteration:
             return 0, True
-        except RayActorError as exc:  # the item killed its worker (or the node went away)
+        except RayActorError as exc:  # the worker died: killed from outside, or by the item itself
             index = stream.indices[stream.pos]
             stream.actor.last_cause = f"{type(exc).__name__}"
-            logger.warning("%s died while scoring item %d: %s", stream.actor.label, index, type(exc).__name__)
+            stream.broken = True
+            if stream.retried != index:
+                logger.warning(
+                    "%s died while scoring item %d (%s): scoring it again on the restarted worker",
+                    stream.actor.label, index, type(exc).__name__,
+                )  # fmt: skip
+                return 0, True
+            logger.warning("%s died twice on item %d: scored as a failure", stream.actor.label, index)
             results[index] = _failure(CRASH_PRED)
             stream.pos += 1
             return 1, True
