@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
                 config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [], resume=resume,
                 force=force,
             )  # fmt: skip
-        except USER_ERRORS as exc:
+        except (*USER_ERRORS, train_module.T.CheckpointWriteError) as exc:
             fail(str(exc))
         finally:
             train_module.PROGRESS_HOOKS.clear()

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import DapoConfig
-from dapo_core.data.schema import read_rl_files
+from dapo_core.data.schema import SchemaError, read_rl_files
 from dapo_core.engines.executor import Executor, LocalExecutor, sampling_from
 from dapo_core.engines.rollout import RolloutResult
 from dapo_core.training.prompts import PromptItem, encode_prompts
@@ -68,6 +68,13 @@ def load_prompts(files: Sequence[str], tokenizer: Any, max_prompt_length: int, k
         records = read_rl_files(list(files))
     except FileNotFoundError as e:
         raise FileNotFoundError(f"{key}: {e}") from e
+    except SchemaError as e:
+        raise SchemaError(f"{key}: {e}") from e
+    if not records:
+        raise SchemaError(
+            f"{key}: {', '.join(map(str, files)) or '(no files)'} hold no rows. If curation kept none, look at its "
+            "card (outputs/curated/card.md: what each filter dropped) and loosen curation.* or add sources"
+        )
     return encode_prompts(records, tokenizer, max_prompt_length=max_prompt_length)
 
 
@@ -125,9 +132,24 @@ def sync_weights(executor: Executor) -> int:
     return executor.sync_weights()
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (full disk, permissions...); the previous ones are intact."""
+
+
 @task(name="save-checkpoint", cache_policy=NO_CACHE)
 def save_checkpoint(executor: Executor, root: Path, step: int, meta: dict[str, Any]) -> Path:
-    return executor.save_checkpoint(root, step, meta)
+    try:
+        return executor.save_checkpoint(root, step, meta)
+    except OSError as exc:
+        from dapo_core.engines.checkpoint import latest_checkpoint
+
+        previous = latest_checkpoint(root)
+        raise CheckpointWriteError(
+            exc.errno,
+            f"writing the step-{step} checkpoint under {root} failed: {exc.strerror or exc}. Nothing half-written is "
+            f"kept; the last complete checkpoint is {previous or 'none (no step saved yet)'}. Free space there (or "
+            "set trainer.output_dir to a larger disk, or lower trainer.max_ckpt_to_keep), then `dapo train --resume`",
+        ) from exc
 
 
 @task(name="export-model", cache_policy=NO_CACHE, retries=1)

@@ -199,7 +199,14 @@ def read_rl_parquet(path: str | Path) -> list[ProblemRecord]:
             f"{path}: no such dataset file. It is made by the curation stage (`dapo curate`, `dvc repro curate`); "
             "or point data.train_files / data.val_files at an existing verl-schema parquet file"
         )
-    df = pd.read_parquet(path)
+    try:
+        df = pd.read_parquet(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError: a corrupt or non-parquet file
+        first = " ".join(str(exc).split())[:200]
+        raise SchemaError(
+            f"{path}: not a readable parquet file ({type(exc).__name__}: {first}). Regenerate it with `dapo curate` "
+            "(or `dvc repro curate`; `dvc checkout` restores a tracked copy)"
+        ) from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         raise SchemaError(
