@@ -96,10 +96,13 @@ def test_recipes_lists_one_line_each():
     assert all(len(line.split(None, 1)) == 2 for line in lines)  # every recipe has a summary
 
 
-def test_only_real_commands_are_registered():
+def test_only_real_commands_are_registered(tmp_path, monkeypatch):
     result = invoke("--help")
     assert result.exit_code == 0 and "config" in result.stdout
-    assert invoke("train").exit_code == 2  # not implemented yet -> not registered
+    assert invoke("no-such-command").exit_code == 2  # click's usage error
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: train is registered and says what is missing
+    missing = invoke("train")
+    assert missing.exit_code == 2 and "params.yaml" in missing.stderr
 
 
 # ---------------- apply_quiet_env ----------------
