@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 
 ITEM_LIMIT_S = 2.0
 EXAMPLES = 10_000
-SCORERS = available_rewards()
+# the shipped scorers (tests register toy rewards named test_* in the same registry: not what model output meets)
+SCORERS = [name for name in available_rewards() if not name.startswith("test_")]
 FRAGMENTS = [
     "Answer:", "answer :", "Answer: ", "\\boxed{", "\\fbox{", "{", "}", "$", "\\frac", "sqrt", "\\text{", "=",
     "^", "10^10^10", "1e999999", "-", ",", ".", "0", "9" * 40, "\n", "\x00", "\x1b[31m", "\u202e", "\ud7ff", "π",

@@ -103,7 +103,7 @@ def test_training_survives_a_60s_tracking_outage_and_loses_no_metric(tmp_path):
             train.kill()
         log.close()
         _stop_server(server)
-        server = _start_server(tmp_path, port)  # a fresh server to read what was delivered
+    server = _start_server(tmp_path, port)  # a fresh server to read what was delivered
 
     try:
         out = (tmp_path / "train.out").read_text()
