@@ -61,7 +61,7 @@ QUICK_OUT_DIR = "outputs/ablation-quick"
 DEFAULT_SEEDS = 3
 QUICK_SEEDS, QUICK_STEPS = 1, 2
 STEP_TIME_KEY = "timing_s/step"  # per-step training wall time
-# per-step CPU seconds of the training process: their sum is the control's budget (other jobs hardly change it)
+# per-step CPU seconds of the training process: their sum is the control's budget (other jobs inflate it less than wall time)
 STEP_CPU_KEY = "perf/cpu_time_per_step"
 _VAL_KEY = re.compile(r"^val/[^/]+/acc/mean_at_(\d+)$")
 
@@ -184,7 +184,7 @@ def _train_and_score(
 
 def _control_budget(dapo: dict[str, Any], seed: int, executor: str) -> tuple[float, str]:
     """The control's budget for ``seed``: the dapo rung's summed per-step CPU seconds (local executor: the
-    training process did all the work, and other jobs on the machine hardly change CPU time), else its summed
+    training process did all the work, and other jobs on the machine inflate CPU time less than wall time), else its summed
     per-step wall time (Ray workers' CPU time is not the driver's), else the run's whole wall time."""
     i = dapo["seed_ids"].index(seed)
     cpu = (dapo.get("train_cpu_s") or [None] * len(dapo["seed_ids"]))[i]

@@ -87,7 +87,7 @@ def continue_warm_start(
 
     ``skip_steps``: batches of the stream the warm start already used (default ``ws.steps``). Stops after
     ``max_steps``, ``time_budget_s`` wall seconds or ``cpu_budget_s`` seconds of this process's CPU time (all its
-    threads; other jobs on the machine hardly change it), whichever comes first (one of them is required).
+    threads; other jobs on the machine inflate it less than wall time), whichever comes first (one of them is required).
     """
     if time_budget_s is None and cpu_budget_s is None and max_steps is None:
         raise ValueError(
