@@ -1,0 +1,80 @@
+"""Tuning on the probe set, never on the held-out problems: how the ablation's regimes were chosen.
+
+    python -m benchmarks.probe make                      # outputs/probe/probe.parquet: 200 problems of the warm
+                                                         # start's "probe" stream, none in train or val
+    python -m benchmarks.probe run dapo 3e-4 16 [SEED]   # one ablation rung (tiny-dapo ladder) at lr 3e-4 with
+                                                         # ppo_mini_batch_size 16, validated on the probe set
+
+Each run logs to outputs/probe/mlflow.db (run name probe-<rung>-lr<lr>-mb<mini>-s<seed>; its in-training
+validation ``val/synthetic/acc/mean_at_8`` at steps 8 and 16 is the probe avg@8) and writes outputs/probe/<name>.log.
+Needs `dapo curate` and `dapo base-model` first (outputs/curated/, outputs/base_model/).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+PROBE_DIR = Path("outputs/probe")
+PROBE_FILE = PROBE_DIR / "probe.parquet"
+CURATED = ["outputs/curated/train.parquet", "outputs/curated/val.parquet"]
+
+
+def make(n: int = 200) -> Path:
+    """Write the probe set: ``n`` problems of the warm start's probe stream that are in neither curated split."""
+    from dapo_core.config import load_config
+    from dapo_core.data.schema import ProblemRecord, write_rl_parquet
+    from dapo_core.engines.sft_data import heldout_problems
+    from flows.base_model import warm_start_settings
+    from tasks.base_model import read_exclusions
+
+    ws = warm_start_settings(load_config(recipe="tiny-dapo"))
+    exclude = read_exclusions(CURATED)
+    problems = heldout_problems(
+        n, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+    )
+    records = [
+        ProblemRecord(
+            data_source="synthetic",
+            prompt=[{"role": "user", "content": f"Q: {p.question}"}],
+            ground_truth=str(p.answer),
+            index=i,
+            raw_problem=p.question,
+        )
+        for i, p in enumerate(problems)
+    ]
+    PROBE_DIR.mkdir(parents=True, exist_ok=True)
+    return write_rl_parquet(records, PROBE_FILE)
+
+
+def run(rung: str, lr: str, mini: str, seed: str = "1", steps: int = 16) -> int:
+    """One rung of the tiny-dapo ladder, validated on the probe set every 8 steps; returns dapo train's exit code."""
+    from dapo_core.config import load_config
+    from dapo_core.config.ablation import build_ladder
+
+    if not PROBE_FILE.is_file():
+        raise SystemExit(f"{PROBE_FILE} is missing: run `python -m benchmarks.probe make` first")
+    ladder = {r.name: r for r in build_ladder(load_config(recipe="tiny-dapo"))}
+    if rung not in ladder:
+        raise SystemExit(f"unknown rung {rung!r}; valid: {', '.join(ladder)}")
+    name = f"probe-{rung}-lr{lr}-mb{mini}-s{seed}"
+    sets = [
+        *ladder[rung].overrides(), "model.path=outputs/base_model", f"trainer.lr={lr}", f"trainer.seed={seed}",
+        f"trainer.ppo_mini_batch_size={mini}", f"trainer.total_steps={steps}", "trainer.test_freq=8",
+        "trainer.val_before_train=false", "trainer.save_freq=0", f"data.val_files=[{PROBE_FILE}]",
+        f"tracking.run_name={name}", f"tracking.uri=sqlite:///{PROBE_DIR}/mlflow.db", f"trainer.output_dir={PROBE_DIR}/runs",
+    ]  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "dapo"), "train", "--recipe", "tiny-dapo"]
+    cmd += [a for s in sets for a in ("--set", s)]
+    with (PROBE_DIR / f"{name}.log").open("w") as log:
+        return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "make":
+        print(make())
+    elif len(sys.argv) >= 5 and sys.argv[1] == "run":
+        sys.exit(run(*sys.argv[2:6]))
+    else:
+        raise SystemExit(__doc__)
