@@ -24,7 +24,8 @@ CURATED = ["outputs/curated/train.parquet", "outputs/curated/val.parquet"]
 def make(n: int = 200) -> Path:
     """Write the probe set: ``n`` problems of the warm start's probe stream that are in neither curated split."""
     from dapo_core.config import load_config
-    from dapo_core.data.schema import ProblemRecord, write_rl_parquet
+    from dapo_core.data.schema import write_rl_parquet
+    from dapo_core.data.synthetic import synthetic_records
     from dapo_core.engines.sft_data import heldout_problems
     from flows.base_model import warm_start_settings
     from tasks.base_model import read_exclusions
@@ -34,16 +35,7 @@ def make(n: int = 200) -> Path:
     problems = heldout_problems(
         n, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
     )
-    records = [
-        ProblemRecord(
-            data_source="synthetic",
-            prompt=[{"role": "user", "content": f"Q: {p.question}"}],
-            ground_truth=str(p.answer),
-            index=i,
-            raw_problem=p.question,
-        )
-        for i, p in enumerate(problems)
-    ]
+    records = synthetic_records(problems)
     PROBE_DIR.mkdir(parents=True, exist_ok=True)
     return write_rl_parquet(records, PROBE_FILE)
 

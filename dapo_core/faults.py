@@ -16,11 +16,13 @@ FAULT_ENV = "DAPO_FAULT"
 POINTS: tuple[str, ...] = ("rollout", "update", "logging", "checkpoint", "between-steps")
 
 
+def armed(point: str) -> bool:
+    """Whether ``DAPO_FAULT`` names ``point`` (at any step)."""
+    return os.environ.get(FAULT_ENV, "").partition("@")[0] == point
+
+
 def fault_point(point: str, step: int) -> None:
     """SIGKILL this process when ``DAPO_FAULT`` names ``point`` at ``step`` (e.g. ``DAPO_FAULT=update@3``)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    name, _, at = spec.partition("@")
+    name, _, at = os.environ.get(FAULT_ENV, "").partition("@")
     if name == point and at.strip().isdigit() and int(at) == step:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -7,9 +7,10 @@ import torch
 from mlflow.tracking import MlflowClient
 from prefect.testing.utilities import prefect_test_harness
 from train_fixtures import make_train_cfg
+from train_fixtures import metric_history as history
+from train_fixtures import run_train as run
 
 from dapo_core.algorithm import metric_names as mn
-from dapo_core.config import dump_yaml
 from flows.train import train_flow
 
 pytestmark = pytest.mark.slow
@@ -19,16 +20,6 @@ pytestmark = pytest.mark.slow
 def prefect_harness():
     with prefect_test_harness(server_startup_timeout=120):
         yield
-
-
-def run(cfg, tmp_path, **kw):
-    cfg_file = tmp_path / "cfg.yaml"
-    cfg_file.write_text(dump_yaml(cfg))
-    return train_flow(config_path=str(cfg_file), **kw)
-
-
-def history(run_id, key):
-    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def test_three_steps_log_every_metric_and_checkpoint(tmp_path):

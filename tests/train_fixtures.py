@@ -7,8 +7,8 @@ from pathlib import Path
 from _tiny import tiny_model_dir
 
 from dapo_core.config import load_config
-from dapo_core.data.schema import ProblemRecord, write_rl_parquet
-from dapo_core.data.synthetic import generate_problems
+from dapo_core.data.schema import write_rl_parquet
+from dapo_core.data.synthetic import generate_problems, synthetic_records
 from dapo_core.rewards import register_reward
 
 
@@ -20,17 +20,7 @@ def even_length_reward(completion: str, ground_truth: str) -> dict:
 
 
 def write_dataset(root: Path, n_train: int = 16, n_val: int = 4, seed: int = 0) -> tuple[Path, Path]:
-    problems = generate_problems(n_train + n_val, seed=seed, max_ops=2)
-    records = [
-        ProblemRecord(
-            data_source="synthetic",
-            prompt=[{"role": "user", "content": f"Q: {p.question}"}],
-            ground_truth=str(p.answer),
-            index=i,
-            raw_problem=p.question,
-        )
-        for i, p in enumerate(problems)
-    ]
+    records = synthetic_records(generate_problems(n_train + n_val, seed=seed, max_ops=2))
     train = write_rl_parquet(records[:n_train], root / "train.parquet")
     val = write_rl_parquet(records[n_train:], root / "val.parquet")
     return train, val
@@ -90,3 +80,20 @@ def half_hopeless_reward(completion: str, ground_truth: str) -> dict:
 def always_wrong_reward(completion: str, ground_truth: str) -> dict:
     """No group ever has signal (a model that solves nothing yet)."""
     return {"score": -1.0, "acc": False, "pred": "[INVALID]"}
+
+
+def run_train(cfg, root: Path, **kw):
+    """``train_flow`` on ``cfg`` written to ``root/cfg.yaml`` (needs a Prefect API: the harness or a server)."""
+    from dapo_core.config import dump_yaml
+    from flows.train import train_flow
+
+    cfg_file = root / "cfg.yaml"
+    cfg_file.write_text(dump_yaml(cfg))
+    return train_flow(config_path=str(cfg_file), **kw)
+
+
+def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of one metric of a run of the current MLflow store, by step."""
+    from mlflow.tracking import MlflowClient
+
+    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]

@@ -32,6 +32,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_core.data.schema import ProblemRecord
+
 logger = logging.getLogger(__name__)
 
 OPERATORS: tuple[str, ...] = ("+", "-", "*")
@@ -154,6 +156,21 @@ def generate_problems(n: int, *, seed: int, min_ops: int = 1, max_ops: int = 4) 
         )
     rng = random.Random(seed)
     return [_one_problem(rng, rng.randint(min_ops, max_ops)) for _ in range(n)]
+
+
+def synthetic_records(problems: Iterable[SyntheticProblem], data_source: str = "synthetic") -> list[ProblemRecord]:
+    """verl records of ``problems``, prompted with the ``tiny`` template (``Q: <question>``) and indexed in order,
+    as the curated synthetic data is (for fixtures and probe sets written without a curation run)."""
+    return [
+        ProblemRecord(
+            data_source=data_source,
+            prompt=[{"role": "user", "content": f"Q: {p.question}"}],
+            ground_truth=str(p.answer),
+            index=i,
+            raw_problem=p.question,
+        )
+        for i, p in enumerate(problems)
+    ]
 
 
 def problem_to_json_line(problem: SyntheticProblem) -> str:

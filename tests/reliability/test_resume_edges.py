@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 from prefect.testing.utilities import prefect_test_harness
 from train_fixtures import make_train_cfg
+from train_fixtures import metric_history as history
+from train_fixtures import run_train as run
 
 from dapo_core.algorithm import metric_names as mn
-from dapo_core.config import dump_yaml
-from flows.train import ResumeConfigError, config_changes, train_flow
+from flows.train import ResumeConfigError, config_changes
 
 pytestmark = pytest.mark.slow
 
@@ -24,16 +24,6 @@ EPOCH = ("data.train_batch_size=4", "data.gen_batch_size=4", "algorithm.dynamic_
 def prefect_harness():
     with prefect_test_harness(server_startup_timeout=120):
         yield
-
-
-def run(cfg, root, **kw):
-    cfg_file = root / "cfg.yaml"
-    cfg_file.write_text(dump_yaml(cfg))
-    return train_flow(config_path=str(cfg_file), **kw)
-
-
-def history(run_id, key):
-    return [(m.step, m.value) for m in sorted(MlflowClient().get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
 def _weights(path):
