@@ -245,7 +245,7 @@ def _control(
 
 
 def journal_path(out_dir: str | Path, name: str) -> Path:
-    """Where the ablation journals its finished runs (beside the report; git-ignored)."""
+    """Where the ablation journals its finished runs (beside the report; benchmarks/results/'s are committed so a later checkout can --resume)."""
     return Path(out_dir) / f"{name}.journal.jsonl"
 
 

@@ -37,6 +37,9 @@ from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
 LABELS = {"prefect": "Prefect server", "mlflow": "MLflow server", "serve": "dapo serve"}
+# the deployments `dapo serve` registers (flows.serve.DEPLOYMENTS; kept here so this module never imports Prefect):
+# `start` returns only once every one of them is on the server, not after the first
+SERVED_STAGES = ("curate", "base-model", "train", "evaluate", "pipeline", "ablation")
 GRACE_S = 15.0
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
@@ -347,8 +350,9 @@ def start(s: UiSettings, *, serve: bool = True, say: Callable[[str], None] = pri
         if serve:
             since = time.time() - 1.0
             started["serve"] = _launch(s, "serve", cmds["serve"], envs["serve"])
-            registered = f"deployments registered on {s.prefect_url}/api"
-            _wait(s, "serve", started, lambda: bool(served_deployments(s, since)), registered)
+            registered = f"deployments {', '.join(SERVED_STAGES)} registered on {s.prefect_url}/api"
+            every = set(SERVED_STAGES)
+            _wait(s, "serve", started, lambda: every <= set(served_deployments(s, since)), registered)
     except BaseException:
         for name in STOP_ORDER:
             if name in started:

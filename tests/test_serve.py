@@ -100,6 +100,10 @@ def test_defaults_match_the_flows_and_names_are_stable():
     assert [f"{d.flow_name}/{d.name}" for d in deployments] == S.deployment_names("lab-")
     # loaded by module path: the flow-run processes import them from any working directory
     assert [d.entrypoint for d in deployments] == [f"flows.serve.{fl.fn.__name__}" for fl in S.DEPLOYMENTS.values()]
+    # `dapo ui start` waits for exactly these (a race once let it return before `pipeline` was registered)
+    from flows.ui import SERVED_STAGES
+
+    assert list(SERVED_STAGES) == list(S.DEPLOYMENTS)
 
 
 def test_serve_needs_a_reachable_prefect_server():
