@@ -125,9 +125,19 @@ def _tags(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
     return {"ablation.regime": regime, "ablation.rung": rung, "ablation.seed": str(seed), "ablation.kind": kind}
 
 
+# knobs added after runs were journaled, at the value that keeps the behaviour those runs had: left out of the
+# fingerprint at that value, so a journal written before the knob existed still resumes (any other value counts)
+FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {("rollout", "mode"): "sync", ("rollout", "max_staleness"): 1}
+
+
 def _config_view(cfg: DapoConfig) -> dict[str, Any]:
-    """The config as it determines results: tracking (where results go, maybe credentials) left out."""
-    return {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+    """The config as it determines results: tracking (where results go, maybe credentials) left out, and the
+    ``FINGERPRINT_NEUTRAL`` knobs at their neutral values."""
+    view = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+    for (section, key), neutral in FINGERPRINT_NEUTRAL.items():
+        if view.get(section, {}).get(key, neutral) == neutral:
+            view.get(section, {}).pop(key, None)
+    return view
 
 
 def _train_key(common: dict[str, Any], overrides: list[str], base: dict[str, Any]) -> str:

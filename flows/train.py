@@ -23,6 +23,7 @@ from dapo_core.engines.checkpoint import latest_checkpoint
 from dapo_core.faults import fault_point
 from dapo_core.seeding import derive_seed
 from dapo_core.training.health import HealthMonitor
+from dapo_core.training.overlap import RolloutPrefetcher
 from dapo_core.training.prompts import PromptSampler
 from dapo_core.training.step import zero_variance_flags
 from tasks import flow_runs, tracking
@@ -142,6 +143,9 @@ def run_training(
             shuffle=cfg.data.shuffle,
         )
         health = HealthMonitor()
+        prefetcher = (
+            RolloutPrefetcher(executor, cfg, train_items, sampler) if cfg.rollout.mode == "one_step_off" else None
+        )
         start_step, gen_batches_total, run_id = 0, 0, None
         if resume_from is not None:
             meta = executor.load_checkpoint(resume_from["path"])
@@ -149,6 +153,8 @@ def run_training(
             gen_batches_total = int(meta.get("gen_batches_total", 0))
             sampler.load_state_dict(meta["sampler"])
             health.load_state_dict(meta.get("health", {}))
+            if prefetcher is not None:  # what the interrupted run had generated ahead, with the older weights
+                prefetcher.load_state_dict(meta.get("prefetched", []))
             run_id = meta.get("mlflow_run_id")
             plog.info("resuming %s from %s (step %d)", run_name, resume_from["path"], start_step)
 
@@ -170,7 +176,7 @@ def run_training(
             last_metrics: dict[str, float] = {}
             for step in range(start_step + 1, cfg.trainer.total_steps + 1):
                 last_metrics, gen_batches_total = _train_step(
-                    executor, train_items, sampler, cfg, step, gen_batches_total
+                    executor, train_items, sampler, cfg, step, gen_batches_total, prefetcher
                 )
                 for alert in health.update(step, last_metrics):
                     plog.warning("training-health alert %s at step %d: %s", alert.name, alert.step, alert.message)
@@ -190,6 +196,7 @@ def run_training(
                         "gen_batches_total": gen_batches_total,
                         "sampler": sampler.state_dict(),
                         "health": health.state_dict(),
+                        "prefetched": prefetcher.state_dict() if prefetcher is not None else [],
                         "run_name": run_name,
                     }
                     path = T.save_checkpoint(executor, ckpt_root, step, meta)
@@ -215,8 +222,12 @@ def _train_step(
     cfg: DapoConfig,
     step: int,
     gen_batches_total: int,
+    prefetcher: RolloutPrefetcher | None = None,
 ) -> tuple[dict[str, float], int]:
-    """One rollout step: generation batches until the batch is full (dynamic sampling), then the update."""
+    """One rollout step: generation batches until the batch is full (dynamic sampling), then the update.
+
+    ``prefetcher`` (rollout.mode=one_step_off): the first batch comes from its queue (generated ahead with older
+    weights), and the next steps' first batches are submitted before the update, to generate while it runs."""
     t_step, cpu_step = time.perf_counter(), time.process_time()
     ds = cfg.algorithm.dynamic_sampling
     acc = GroupAccumulator(
@@ -227,12 +238,17 @@ def _train_step(
     timings = {"gen": 0.0, "reward": 0.0, "filter": 0.0}
     correct, total, zero_var, groups_seen, gen_idx, failed = 0, 0, 0, 0, 0, 0
     while acc.need_more():
-        items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
         t0 = time.perf_counter()
-        results = T.rollout(executor, items, cfg, derive_seed(cfg.trainer.seed, "train", step, gen_idx))
+        ahead = T.take_prefetched(prefetcher, step) if prefetcher is not None and gen_idx == 0 else None
+        if ahead is not None:
+            items, results, version = ahead.items, ahead.results, ahead.version
+        else:
+            items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
+            version = executor.weight_version
+            results = T.rollout(executor, items, cfg, derive_seed(cfg.trainer.seed, "train", step, gen_idx))
         fault_point("rollout", step)  # samples generated, not yet scored
         t1 = time.perf_counter()
-        batch = T.score(executor, items, results, cfg)
+        batch = T.score(executor, items, results, cfg, version)
         t2 = time.perf_counter()
         flags = T.filter_groups(batch, cfg)
         timings["gen"] += t1 - t0
@@ -246,6 +262,10 @@ def _train_step(
         zero_var += sum(zero_variance_flags(batch))
         groups_seen += len(batch.groups)
     groups = acc.take()
+    if prefetcher is not None:  # the next steps' first batches generate during this update (on Ray)
+        t0 = time.perf_counter()
+        T.prefetch(prefetcher, step)
+        timings["prefetch_submit"] = time.perf_counter() - t0
     if groups:
         metrics, t_update = T.update_policy(executor, groups, cfg)
         t0 = time.perf_counter()

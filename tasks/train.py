@@ -19,6 +19,7 @@ from dapo_core.config import DapoConfig
 from dapo_core.data.schema import SchemaError, read_rl_files
 from dapo_core.engines.executor import Executor, LocalExecutor, sampling_from
 from dapo_core.engines.rollout import RolloutResult
+from dapo_core.training.overlap import RolloutPrefetcher, Taken, staleness_metrics
 from dapo_core.training.prompts import PromptItem, encode_prompts
 from dapo_core.training.step import (
     GenBatch,
@@ -29,6 +30,7 @@ from dapo_core.training.step import (
     keep_flags,
     rollout_correction,
     score_results,
+    use_behaviour_log_probs,
 )
 from tasks import progress
 from tasks.train_logging import val_fields
@@ -84,12 +86,30 @@ def rollout(executor: Executor, items: Sequence[PromptItem], cfg: DapoConfig, se
     return executor.generate([list(it.prompt_ids) for it in items], sampling_from(cfg, seed=seed, log_probs=True))
 
 
+@task(name="take-prefetched", cache_policy=NO_CACHE)
+def take_prefetched(prefetcher: RolloutPrefetcher, step: int) -> Taken | None:
+    """rollout.mode=one_step_off: the step's first generation batch, generated ahead with older weights."""
+    return prefetcher.take(step)
+
+
+@task(name="prefetch-rollout", cache_policy=NO_CACHE)
+def prefetch(prefetcher: RolloutPrefetcher, step: int) -> int:
+    """rollout.mode=one_step_off: submit the next steps' first batches before this step's update (they generate
+    while it runs, on Ray); returns how many were submitted."""
+    return prefetcher.fill(step)
+
+
 @task(name="score", cache_policy=NO_CACHE)
 def score(
-    executor: Executor, items: Sequence[PromptItem], results: Sequence[RolloutResult], cfg: DapoConfig
+    executor: Executor,
+    items: Sequence[PromptItem],
+    results: Sequence[RolloutResult],
+    cfg: DapoConfig,
+    version: int | None = None,
 ) -> GenBatch:
-    """Line 5: rule-based reward (+1/-1) plus the soft overlong penalty (Eq. 13) when enabled."""
-    return score_results(executor, items, results, cfg)
+    """Line 5: rule-based reward (+1/-1) plus the soft overlong penalty (Eq. 13) when enabled. ``version``: the
+    weights that sampled ``results`` (default: the current ones)."""
+    return score_results(executor, items, results, cfg, version=version)
 
 
 @task(name="filter-groups", cache_policy=NO_CACHE)
@@ -113,6 +133,8 @@ def update_policy(
     batch.old_log_probs = old_log_probs
     metrics.update(entropy_and_prob(old_log_probs, entropy, batch.response_mask))
     metrics.update(rollout_correction(batch, cfg))  # mismatch/*; TIS weights when enabled
+    use_behaviour_log_probs(batch, cfg)  # one_step_off: the ratio's pi_old is the sampler's (behaviour) policy
+    metrics.update(staleness_metrics([g.version for g in groups], executor.weight_version))
     t2 = time.perf_counter()
     actor = executor.update(batch)
     t3 = time.perf_counter()

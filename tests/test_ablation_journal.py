@@ -57,3 +57,15 @@ def test_fingerprints_follow_content_not_order(tmp_path):
     d2 = file_digest(model)
     (model / "extra.json").write_text("{}")  # a file more in the model directory: another digest
     assert file_digest(model) != d2
+
+
+def test_knobs_added_later_keep_old_fingerprints_at_their_neutral_value():
+    """A journal written before rollout.mode existed still resumes; a run that uses the knob does not match it."""
+    from dapo_core.config import load_config
+    from flows.ablation import FINGERPRINT_NEUTRAL, _config_view
+
+    view = _config_view(load_config(recipe="tiny-dapo", env={}))
+    assert all(key not in view[section] for section, key in FINGERPRINT_NEUTRAL)  # what the older schema dumped
+    assert "n" in view["rollout"] and "tracking" not in view
+    off = _config_view(load_config(recipe="tiny-dapo", overrides=["rollout.mode=one_step_off"], env={}))
+    assert off["rollout"]["mode"] == "one_step_off" and fingerprint(off) != fingerprint(view)

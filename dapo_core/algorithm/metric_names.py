@@ -51,6 +51,11 @@ MISMATCH_PROB_ABS_DIFF_MAX = "mismatch/prob_abs_diff_max"
 MISMATCH_TIS_WEIGHT_MEAN = "mismatch/tis_weight_mean"
 MISMATCH_TIS_CAPPED_FRAC = "mismatch/tis_capped_frac"
 
+# rollout/*staleness*: weight versions the trained samples lag the trainer (rollout.mode=one_step_off; 0 in sync)
+ROLLOUT_STALENESS_MEAN = "rollout/staleness_mean"
+ROLLOUT_STALENESS_MAX = "rollout/staleness_max"
+ROLLOUT_OFF_POLICY_GROUPS_FRAC = "rollout/off_policy_groups_frac"
+
 TIMING_PHASES = (
     "gen",
     "reward",
@@ -134,6 +139,9 @@ def training_metric_names() -> list[str]:
         MISMATCH_LOGP_ABS_DIFF_MAX,
         MISMATCH_PROB_ABS_DIFF_MEAN,
         MISMATCH_PROB_ABS_DIFF_MAX,
+        ROLLOUT_STALENESS_MEAN,
+        ROLLOUT_STALENESS_MAX,
+        ROLLOUT_OFF_POLICY_GROUPS_FRAC,
     ]
     names += [timing(p) for p in TIMING_PHASES]
     names += [

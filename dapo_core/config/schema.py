@@ -23,10 +23,11 @@ from dapo_core.config.algorithm import (
     OverlongConfig,
     algorithm_problems,
 )
+from dapo_core.config.rollout import RolloutConfig, rollout_problems
 from dapo_core.config.section import _Section
 from dapo_core.data.curate import CurationConfig
 
-__all__ = ["AlgorithmConfig", "DynamicSamplingConfig", "LossAgg", "OverlongConfig"]  # re-exported
+__all__ = ["AlgorithmConfig", "DynamicSamplingConfig", "LossAgg", "OverlongConfig", "RolloutConfig"]  # re-exported
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_LOCATION = "./mlartifacts"
@@ -97,58 +98,6 @@ class ModelConfig(_Section):
     )
     tiny: TinyModelConfig = Field(
         default_factory=TinyModelConfig, description="Architecture of the CPU stand-in model (tiny recipes)."
-    )
-
-
-class RolloutConfig(_Section):
-    backend: Literal["hf", "vllm"] = Field(
-        default="vllm", description="Generation engine: hf (transformers, CPU) or vllm (GPU). verl DAPO: vllm."
-    )
-    n: int = Field(default=16, gt=0, description="G, responses sampled per prompt (Eq. 8). Paper: 16.")
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training. Paper: 1.0.")
-    top_p: float = Field(default=1.0, description="Nucleus top-p for training, in (0, 1]. Paper: 1.0.")
-    top_k: int = Field(default=-1, description="Top-k for training; -1 = off. verl DAPO: -1.")
-    max_new_tokens: int | None = Field(
-        default=None, gt=0, description="Generation cap; null -> data.max_response_length (L_max)."
-    )
-    micro_batch_size: int = Field(
-        default=32,
-        gt=0,
-        description="Rows (prompt x sample) per generate call on the hf backend; larger is faster on CPU "
-        "until memory binds (vLLM batches itself).",
-    )
-    val_n: int = Field(default=32, gt=0, description="k samples per validation prompt for avg@k. Paper: 32.")
-    val_temperature: float = Field(default=1.0, gt=0, description="Validation temperature. Paper: 1.0.")
-    val_top_p: float = Field(default=0.7, description="Validation top-p, in (0, 1]. Paper/verl: 0.7.")
-    val_top_k: int = Field(default=-1, description="Validation top-k; -1 = off. verl: -1.")
-    tensor_parallel_size: int = Field(default=4, gt=0, description="vLLM tensor parallel size. verl 32B: 4.")
-    gpu_memory_utilization: float = Field(default=0.8, description="vLLM share of GPU memory, in (0, 1]. verl: 0.8.")
-    enable_chunked_prefill: bool = Field(default=True, description="vLLM chunked prefill. verl: true.")
-    max_num_batched_tokens: int = Field(
-        default=22528, gt=0, description="vLLM tokens per scheduler step. verl: prompt + response = 22528."
-    )
-    free_cache_engine: bool = Field(
-        default=True, description="Sleep/wake vLLM (free its KV cache) around updates when colocated. verl: true."
-    )
-    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs in vLLM. verl DAPO: false.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="bfloat16",
-        description="vLLM engine dtype (auto = the checkpoint's). The hf backend uses the policy's own dtype. "
-        "verl: bfloat16.",
-    )
-    max_model_len: int | None = Field(
-        default=None,
-        gt=0,
-        description="vLLM context length; null -> data.max_prompt_length + max_new_tokens (the longest sequence).",
-    )
-    enable_prefix_caching: bool = Field(
-        default=True, description="vLLM prefix caching: the G samples of a prompt share its KV blocks. verl: true."
-    )
-    weight_sync_bucket_mb: int = Field(
-        default=512,
-        gt=0,
-        description="Weight sync to vLLM ships the state dict in buckets of at most this many MiB (bounds the "
-        "extra host/GPU memory of one sync).",
     )
 
 
@@ -384,7 +333,7 @@ class DapoConfig(_Section):
         problems = [
             *_batch_problems(self),
             *algorithm_problems(self.algorithm),
-            *_sampling_problems(self),
+            *rollout_problems(self),
             *_length_problems(self),
             *_engine_problems(self),
         ]
@@ -416,28 +365,6 @@ def _batch_problems(cfg: DapoConfig) -> list[str]:
             f"data.gen_batch_size ({cfg.data.gen_batch_size}) must be >= data.train_batch_size ({b}): "
             f"a step keeps train_batch_size groups out of the generated ones; set it to at least {b} "
             f"(verl DAPO: 3 x train_batch_size)"
-        )
-    return out
-
-
-def _sampling_problems(cfg: DapoConfig) -> list[str]:
-    out = []
-    ro = cfg.rollout
-    for key, value, advice in (("top_p", ro.top_p, "1.0 (paper)"), ("val_top_p", ro.val_top_p, "0.7 (paper)")):
-        if not 0 < value <= 1:
-            out.append(f"rollout.{key} ({value}) must be in (0, 1]: it is a probability mass; use {advice}")
-    for key, value in (("top_k", ro.top_k), ("val_top_k", ro.val_top_k)):
-        if value == 0 or value < -1:
-            out.append(f"rollout.{key} ({value}) must be -1 (off) or >= 1: use -1 as the paper")
-    if not 0 < ro.gpu_memory_utilization <= 1:
-        out.append(
-            f"rollout.gpu_memory_utilization ({ro.gpu_memory_utilization}) must be in (0, 1]: "
-            f"it is a fraction of GPU memory; use 0.8 (verl)"
-        )
-    if cfg.algorithm.dynamic_sampling.enable and ro.n < 2:
-        out.append(
-            f"rollout.n ({ro.n}) must be >= 2 when algorithm.dynamic_sampling.enable is on: a group of one "
-            f"never varies, so every group would be filtered out; use n >= 2 (paper: 16) or disable it"
         )
     return out
 

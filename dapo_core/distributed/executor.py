@@ -33,8 +33,8 @@ from dapo_core.distributed.reward_pool import RewardPool
 from dapo_core.distributed.rollout_group import RolloutGroup
 from dapo_core.distributed.trainer_group import TrainerGroup
 from dapo_core.engines.batch import PolicyBatch
-from dapo_core.engines.executor import Executor
-from dapo_core.engines.rollout import RolloutResult, SamplingConfig
+from dapo_core.engines.executor import Executor, PendingRollout
+from dapo_core.engines.rollout import RolloutResult, SamplingConfig, get_rollout_backend_cls
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.rewards import ScoredBatch
 
@@ -134,12 +134,18 @@ class RayExecutor(Executor):
     def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
         return self._groups()[1].generate(prompts, sampling, self._version)
 
+    def submit_generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> PendingRollout:
+        """The rollout workers start now; the trainer ranks are free for an update until ``result()``."""
+        return PendingRollout(self._groups()[1].submit(prompts, sampling, self._version), self._version)
+
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
         return self._groups()[2].score(completions, ground_truths)
 
     def _free_rollout_memory(self) -> None:
-        """Training phase next: colocated rollout engines release their GPU memory (vLLM sleep; no-op for hf)."""
-        if self.cfg.rollout.free_cache_engine and self.cfg.resources.placement == "colocate":
+        """Training phase next: colocated rollout engines release their GPU memory (vLLM sleep). Not for hf, whose
+        sleep frees nothing: the call would wait behind a generation in flight (rollout.mode=one_step_off)."""
+        owns_engine = not get_rollout_backend_cls(self.cfg.rollout.backend).shares_policy_model
+        if owns_engine and self.cfg.rollout.free_cache_engine and self.cfg.resources.placement == "colocate":
             self._groups()[1].sleep()
 
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:

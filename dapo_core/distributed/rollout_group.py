@@ -170,16 +170,27 @@ class RolloutGroup:
 
     def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig, version: int) -> list[RolloutResult]:
         """All samples of ``prompts`` in (prompt, sample) order, generated with weights ``version``."""
+        return self.submit(prompts, sampling, version)()
+
+    def submit(
+        self, prompts: Sequence[list[int]], sampling: SamplingConfig, version: int
+    ) -> Callable[[], list[RolloutResult]]:
+        """Send every worker its shard now; the returned call gathers them in order (retrying a dead worker)."""
         shards = [(k, a, b) for k, (a, b) in enumerate(split_evenly(len(prompts), len(self.actors))) if b > a]
+        prompts = [list(p) for p in prompts]
         calls = {k: self._submit(k, prompts[a:b], sampling, a, version) for k, a, b in shards}
-        results: list[RolloutResult] = []
-        for k, a, b in shards:
 
-            def again(k: int = k, a: int = a, b: int = b) -> Any:
-                return self._submit(k, prompts[a:b], sampling, a, version)
+        def gather() -> list[RolloutResult]:
+            results: list[RolloutResult] = []
+            for k, a, b in shards:
 
-            results.extend(self._gather(k, calls[k], again))
-        return results
+                def again(k: int = k, a: int = a, b: int = b) -> Any:
+                    return self._submit(k, prompts[a:b], sampling, a, version)
+
+                results.extend(self._gather(k, calls[k], again))
+            return results
+
+        return gather
 
     def _submit(self, k: int, prompts: Sequence[list[int]], sampling: SamplingConfig, offset: int, version: int) -> Any:
         return self.actors[k].handle.generate.remote(list(prompts), sampling, offset, version)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,23 @@ def sampling_from(cfg: DapoConfig, *, seed: int, validation: bool = False, log_p
     )  # fmt: skip
 
 
+class PendingRollout:
+    """A submitted ``generate``: ``result()`` waits for the samples (in-process executors hand back finished ones).
+
+    ``version`` is the weight version the samples are generated with (the behaviour policy's)."""
+
+    def __init__(self, fetch: Callable[[], list[RolloutResult]], version: int) -> None:
+        self._fetch: Callable[[], list[RolloutResult]] | None = fetch
+        self._results: list[RolloutResult] | None = None
+        self.version = version
+
+    def result(self) -> list[RolloutResult]:
+        if self._results is None:
+            assert self._fetch is not None
+            self._results, self._fetch = self._fetch(), None
+        return self._results
+
+
 class Executor(abc.ABC):
     """Generate, score, compute log-probs, update, sync, checkpoint — the operations a training flow needs."""
 
@@ -91,6 +108,12 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]: ...
+
+    def submit_generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> PendingRollout:
+        """Start ``generate`` with the rollout's current weights and return at once where the rollout runs apart
+        from the trainer (Ray), so an update can run meanwhile; in-process it generates before returning."""
+        results = self.generate(prompts, sampling)
+        return PendingRollout(lambda: results, self.weight_version)
 
     @abc.abstractmethod
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:

@@ -37,6 +37,7 @@ class Group:
     acc: list[bool]
     penalties: list[float]  # overlong penalty (<= 0), 0 when shaping is off
     preds: list[str] = field(default_factory=list)
+    version: int = 0  # weight version the responses were sampled with (the behaviour policy)
 
     @property
     def rewards(self) -> list[float]:
@@ -61,8 +62,15 @@ def generate_and_score(executor: Executor, items: Sequence[PromptItem], cfg: Dap
 
 
 def score_results(
-    executor: Executor, items: Sequence[PromptItem], results: Sequence[RolloutResult], cfg: DapoConfig
+    executor: Executor,
+    items: Sequence[PromptItem],
+    results: Sequence[RolloutResult],
+    cfg: DapoConfig,
+    *,
+    version: int | None = None,
 ) -> GenBatch:
+    """Rewards of ``results`` grouped by prompt; ``version``: the weights that sampled them (default: current)."""
+    version = executor.weight_version if version is None else version
     scored = executor.score([r.text for r in results], [items[r.prompt_index].record.ground_truth for r in results])
     ov = cfg.algorithm.overlong
     lengths = torch.tensor([r.response_length for r in results], dtype=torch.long)  # (N,)
@@ -88,6 +96,7 @@ def score_results(
                 acc=[bool(scored.results[k]["acc"]) for k in rows],
                 penalties=[float(penalties[k]) for k in rows],
                 preds=[str(scored.results[k].get("pred", "")) for k in rows],
+                version=version,
             )
         )
     return GenBatch(
@@ -198,6 +207,24 @@ def rollout_correction(batch: PolicyBatch, cfg: DapoConfig) -> dict[str, float]:
         batch.extras[IS_WEIGHTS] = weights
         metrics.update({f"mismatch/{k}": v for k, v in m.items()})
     return metrics
+
+
+def use_behaviour_log_probs(batch: PolicyBatch, cfg: DapoConfig) -> bool:
+    """``rollout.mode=one_step_off`` without rollout correction: pi_old in the ratio is the behaviour policy, i.e.
+    the sampler's log-probs (some rows come from weights a version behind the trainer's). With correction on,
+    pi_old stays the trainer's recomputation and the truncated IS weights carry the lag. Call after
+    ``rollout_correction`` (its mismatch metrics compare the sampler with the trainer). Returns whether it did."""
+    if cfg.rollout.mode != "one_step_off" or cfg.algorithm.rollout_correction.enable:
+        return False
+    rollout_lp = batch.extras.get(ROLLOUT_LOG_PROBS)
+    if rollout_lp is None:
+        raise ValueError(
+            "rollout.mode=one_step_off takes pi_old from the sampler's log-probs, but the rollout backend returned "
+            "none for this batch: use a backend that returns them (hf, vllm), enable "
+            "algorithm.rollout_correction (pi_old recomputed by the trainer), or set rollout.mode=sync"
+        )
+    batch.old_log_probs = rollout_lp
+    return True
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
