@@ -86,6 +86,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--base", default="outputs/base_model")
     args = parser.parse_args()
+    from dapo_core.env import apply_quiet_env
+
+    apply_quiet_env()  # offline and quiet, as the `dapo` CLI runs (this is called before Prefect is imported)
     if not (Path(args.base) / "config.json").is_file():
         raise SystemExit(f"{args.base}: no base model (config.json). Run `dapo base-model` (or `make run`) first")
     for f in ("outputs/curated/train.parquet", "outputs/curated/val.parquet"):
