@@ -171,3 +171,20 @@ def test_overlapped_run_on_ray_matches_in_process_and_resumes_exactly(tmp_path, 
     cfg = make_train_cfg(tmp_path / "c", *ray_sets, "tracking.run_name=ray-crashy")
     resumed = _crash_then_resume(cfg, tmp_path / "c", monkeypatch, crash_step=3)
     _assert_same_run(straight, resumed, [1, 2, 3], exact=False)
+
+
+def test_hf_rollout_workers_are_not_put_to_sleep_so_generation_can_overlap_the_update():
+    """A sleep call would queue behind the generation in flight and hold the update until it ends; hf has no engine
+    memory to free. vLLM engines (a lazy backend, never imported here) still sleep when colocated."""
+    import types
+
+    from dapo_core.distributed.executor import RayExecutor
+
+    for backend, sleeps in (("hf", 0), ("vllm", 1)):
+        cfg = load_config(
+            recipe="tiny-dapo", overrides=[f"rollout.backend={backend}", "resources.placement=colocate"], env={}
+        )
+        group = types.SimpleNamespace(calls=0)
+        group.sleep = lambda g=group: setattr(g, "calls", g.calls + 1)
+        RayExecutor._free_rollout_memory(types.SimpleNamespace(cfg=cfg, _groups=lambda g=group: (None, g, None)))
+        assert group.calls == sleeps, backend

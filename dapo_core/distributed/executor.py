@@ -34,7 +34,8 @@ from dapo_core.distributed.rollout_group import RolloutGroup
 from dapo_core.distributed.trainer_group import TrainerGroup
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.executor import Executor, PendingRollout
-from dapo_core.engines.rollout import RolloutResult, SamplingConfig, get_rollout_backend_cls
+from dapo_core.engines.rollout import RolloutResult, SamplingConfig
+from dapo_core.engines.rollout.base import backend_shares_policy_model
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.rewards import ScoredBatch
 
@@ -144,7 +145,7 @@ class RayExecutor(Executor):
     def _free_rollout_memory(self) -> None:
         """Training phase next: colocated rollout engines release their GPU memory (vLLM sleep). Not for hf, whose
         sleep frees nothing: the call would wait behind a generation in flight (rollout.mode=one_step_off)."""
-        owns_engine = not get_rollout_backend_cls(self.cfg.rollout.backend).shares_policy_model
+        owns_engine = not backend_shares_policy_model(self.cfg.rollout.backend)
         if owns_engine and self.cfg.rollout.free_cache_engine and self.cfg.resources.placement == "colocate":
             self._groups()[1].sleep()
 

@@ -182,6 +182,13 @@ def available_rollout_backends() -> list[str]:
     return sorted(set(_ROLLOUT_BACKENDS) | set(_LAZY_BACKENDS))
 
 
+def backend_shares_policy_model(name: str) -> bool:
+    """``shares_policy_model`` of backend ``name`` without importing a lazy backend's package (a Ray driver may not
+    have vLLM installed; its workers do): the lazy ones (vllm) own their engines."""
+    cls = _ROLLOUT_BACKENDS.get(name)
+    return bool(cls.shares_policy_model) if cls is not None else False
+
+
 def _import_lazy_backend(name: str) -> None:
     module, package = _LAZY_BACKENDS[name]
     if importlib.util.find_spec(package) is None:
