@@ -11,7 +11,9 @@ generation batches of a step (dynamic sampling's refills) are generated after th
 The prompts of a queued batch are drawn from the sampler when it is submitted, so with s = 1 every step sees the
 same prompts as in ``sync`` mode; its seed is the one ``sync`` would use (``derive_seed(seed, "train", step, 0)``).
 A checkpoint holds the queue (prompt indices, seeds, versions and the generated samples), so a resumed run trains
-on exactly the batches the uninterrupted one would have.
+on exactly the batches the uninterrupted one would have. The queue is kept in the checkpoint's JSON meta
+(``trainer_state.json``): a few hundred kB at the CPU default, but at GPU scale (thousands of long responses) it
+would make that file large; a binary side file is the better home there (not done).
 
 In process (``LocalExecutor``) ``submit_generate`` generates before it returns: the schedule and the samples are
 those of the overlapped run, without the speed-up. On Ray the rollout workers generate while the trainer ranks
