@@ -48,8 +48,9 @@ def test_the_knobs_and_their_checks():
         load_config(recipe="tiny-dapo", overrides=[OFF, "rollout.max_staleness=0"], env={})
 
 
-def _digest(model: torch.nn.Module) -> float:
-    return float(sum((v.double() * (i + 1)).sum() for i, v in enumerate(model.state_dict().values())))
+def _digest_of(state: dict[str, torch.Tensor]) -> float:
+    """A position-weighted sum of every weight: equal for the same weights, different once an update moved them."""
+    return float(sum((v.double() * (i + 1)).sum() for i, v in enumerate(state.values())))
 
 
 @pytest.mark.slow
@@ -58,7 +59,7 @@ def test_step_t_plus_1_trains_on_version_t_minus_1_samples_and_ratio(tmp_path, m
     real_generate, real_update = LocalExecutor.generate, LocalExecutor.update
 
     def generate(self, prompts, sampling):
-        gens.append((sampling.seed, self.weight_version, _digest(self.model)))
+        gens.append((sampling.seed, self.weight_version, _digest_of(self.model.state_dict())))
         return real_generate(self, prompts, sampling)
 
     def update(self, batch):
@@ -106,10 +107,6 @@ def test_step_t_plus_1_trains_on_version_t_minus_1_samples_and_ratio(tmp_path, m
     # steps 2-3 sample from other weights (version t-1 here, t there): other responses
     lengths = [history(r["run_id"], "response_length/mean")[1:] for r in (off, sync)]
     assert lengths[0] != lengths[1], lengths
-
-
-def _digest_of(state: dict[str, torch.Tensor]) -> float:
-    return float(sum((v.double() * (i + 1)).sum() for i, v in enumerate(state.values())))
 
 
 def _crash_then_resume(cfg, root: Path, monkeypatch, crash_step: int) -> dict:
