@@ -167,20 +167,22 @@ def findings(results: Mapping[str, Any]) -> list[str]:
         ladder = [r for r in regime["rungs"] if r["name"] in RUNG_NAMES]
         if not ladder:
             continue
-        top = max(r["mean"] for r in ladder)
-        best = [r["name"] for r in ladder if math.isclose(r["mean"], top, abs_tol=TIE)]
-        drops = [
-            f"{b['name']} ({b['mean'] - a['mean']:+.3f})"
-            for a, b in itertools.pairwise(ladder)
-            if b["mean"] < a["mean"] - TIE
-        ]
-        order = (
-            "every technique kept or raised the mean"
-            if not drops
-            else "lower than the rung before: " + ", ".join(drops)
-        )
+        ranked = [r for r in regime["rungs"] if r["name"] != SFT_CONTROL]  # the ladder and any successors
+        top = max(r["mean"] for r in ranked)
+        best = [r["name"] for r in ranked if math.isclose(r["mean"], top, abs_tol=TIE)]
         lead = f"best rung {best[0]}" if len(best) == 1 else f"tied best ({len(best)} rungs): {', '.join(best)}"
-        out.append(f"{name}: {lead} ({top:.3f}); {order}.")
+        if len(ladder) >= 3:  # an ordered ladder: does each added technique keep the mean?
+            drops = [
+                f"{b['name']} ({b['mean'] - a['mean']:+.3f})"
+                for a, b in itertools.pairwise(ladder)
+                if b["mean"] < a["mean"] - TIE
+            ]
+            order = "every technique kept or raised the mean" if not drops else "lower than the rung before: "
+            out.append(f"{name}: {lead} ({top:.3f}); {order}{', '.join(drops)}.")
+        else:
+            spread = top - min(r["mean"] for r in ranked)
+            out.append(f"{name}: {lead} ({top:.3f}); the rungs' means span {spread:.3f}.")
+        out += _successor_findings(name, rungs)
         trunc = [(r["name"], r.get("response_length/clip_ratio")) for r in ladder]
         hit = [f"{n} {_pct(v)}" for n, v in trunc if v is not None and v > TRUNCATION_MIN]
         if hit:
@@ -204,16 +206,16 @@ def findings(results: Mapping[str, Any]) -> list[str]:
             out.append(
                 f"{name}: dynamic sampling kept {_pct(kept)} of generated groups (the rest had zero reward variance)."
             )
-        ent = [(r["name"], r.get("actor/entropy")) for r in ladder if r.get("actor/entropy") is not None]
+        ent = [(r["name"], r.get("actor/entropy")) for r in ranked if r.get("actor/entropy") is not None]
         if len(ent) >= 2:
             lo, hi = min(ent, key=lambda x: x[1]), max(ent, key=lambda x: x[1])
             if math.isclose(lo[1], hi[1], rel_tol=1e-3, abs_tol=TIE):
                 out.append(f"{name}: entropy about equal on every rung ({hi[1]:.3f}).")
             else:
                 out.append(f"{name}: entropy lowest at {lo[0]} ({lo[1]:.3f}), highest at {hi[0]} ({hi[1]:.3f}).")
-        fell = [f"{r['name']} ({r['curve'][0][1]:.3f} → {r['curve'][-1][1]:.3f})" for r in ladder
+        fell = [f"{r['name']} ({r['curve'][0][1]:.3f} → {r['curve'][-1][1]:.3f})" for r in ranked
                 if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] < r["curve"][0][1]]  # fmt: skip
-        rose = [r["name"] for r in ladder if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] > r["curve"][0][1]]
+        rose = [r["name"] for r in ranked if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] > r["curve"][0][1]]
         if fell:
             out.append(f"{name}: validation accuracy ended below its step-0 value for {', '.join(fell)}.")
         if rose:
@@ -223,6 +225,25 @@ def findings(results: Mapping[str, Any]) -> list[str]:
         a, b = (_rungs(results["regimes"][n]) for n in names[:2])
         deltas = [f"{n} {b[n]['mean'] - a[n]['mean']:+.3f}" for n in a if n in b]
         out.append(f"{names[1]} − {names[0]} per rung: {', '.join(deltas)}.")
+    return out
+
+
+def _successor_findings(name: str, rungs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """How often each successor's own clip bound acted, beside its base rung (GSPO counts sequences)."""
+    out = []
+    for succ in SUCCESSOR_RUNGS:
+        ref = "grpo" if succ == "dr-grpo" else "dapo"
+        if succ not in rungs or ref not in rungs:
+            continue
+        hi, lo = rungs[succ].get("actor/pg_clipfrac_high"), rungs[succ].get("actor/pg_clipfrac_low")
+        ref_hi, ref_lo = rungs[ref].get("actor/pg_clipfrac_high"), rungs[ref].get("actor/pg_clipfrac_low")
+        if hi is None or lo is None:
+            continue
+        unit = "sequence ratios" if succ == "gspo" else "token ratios"
+        line = f"{name}: {succ} clipped {_pct(hi)} (upper) / {_pct(lo)} (lower) of its {unit}"
+        if ref_hi is not None and ref_lo is not None:
+            line += f", {ref} {_pct(ref_hi)} / {_pct(ref_lo)} of its token ratios"
+        out.append(line + ".")
     return out
 
 
@@ -266,10 +287,15 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     lines += [
         "",
         f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
-        "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator. "
-        "sft-control: the base model given the dapo rung's training time (same seed: the CPU seconds of its "
-        "training steps, perf/cpu_time_per_step summed, which other jobs on the machine inflate less than wall time (~1.7x against ~2.3x under full contention); wall time "
-        "with the Ray executor) of continued supervised training.",
+        "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator."
+        + (
+            " sft-control: the base model given the dapo rung's training time (same seed: the CPU seconds of its "
+            "training steps, perf/cpu_time_per_step summed, which other jobs on the machine inflate less than wall "
+            "time (~1.7x against ~2.3x under full contention); wall time with the Ray executor) of continued "
+            "supervised training."
+            if SFT_CONTROL in names
+            else ""
+        ),
         "",
         "## What the curves show",
         "",
