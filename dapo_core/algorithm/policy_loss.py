@@ -183,7 +183,7 @@ def _successor_loss(
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO / CISPO / GMPO: their (N, T) loss matrix through the same aggregation, and the same metric keys."""
     fn = _SUCCESSORS[mode]
-    losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator]
+    losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator,arg-type]
     loss = _weighted_agg(
         losses, mask, token_weights, loss_agg,
         global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,

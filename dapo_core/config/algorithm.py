@@ -7,7 +7,7 @@ papers' defaults.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -165,5 +165,5 @@ def objective_bounds(alg: AlgorithmConfig) -> tuple[float | None, float]:
     """(clip_low, clip_high) of the configured objective: ppo-clip's eps pair or the successor's own section."""
     if alg.policy_loss == "ppo-clip":
         return alg.clip_low, alg.clip_high
-    section = {"gspo": alg.gspo, "cispo": alg.cispo, "gmpo": alg.gmpo}[alg.policy_loss]
+    section: Any = {"gspo": alg.gspo, "cispo": alg.cispo, "gmpo": alg.gmpo}[alg.policy_loss]
     return section.clip_low, section.clip_high

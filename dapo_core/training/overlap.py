@@ -144,7 +144,11 @@ class RolloutPrefetcher:
         self._queue.clear()
         for e in entries:
             results = [RolloutResult(**r) for r in e["results"]]
-            pending = PendingRollout(lambda results=results: results, int(e["version"]))
+
+            def done(results: list[RolloutResult] = results) -> list[RolloutResult]:
+                return results
+
+            pending = PendingRollout(done, int(e["version"]))
             self._queue.append(Prefetched(int(e["step"]), [int(i) for i in e["indices"]], int(e["seed"]), pending))
 
 
