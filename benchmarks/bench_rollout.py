@@ -12,6 +12,13 @@ objects and (one column) raw log-probs — are what the ratio measures; the goal
 Where vLLM is installed (``.venv-vllm/bin/python -m benchmarks.bench_rollout``: vLLM 0.32's CPU build) the same
 cases also run on the ``vllm`` backend (float32, eager, log-probs on, the same tiny model from a directory), with
 the engine's load time and the time of one weight sync (the whole state dict through ``update_weights``).
+
+``static`` columns: the same backend with ``rollout.hf_decode: static`` (a preallocated KV cache and a lean decode
+loop, ``dapo_core.engines.rollout.static_decode``), log-probs on as training uses them, against the generate path
+with log-probs; the parity of their tokens is checked on every case. The arithmetic bound is this machine's dense
+matmul rate (1024^3 float32 GEMM at the same thread count) divided by the FLOPs of one decoded token (2 x the
+weights it multiplies, lm_head included, + attention over the mean context): no decode can beat it. The third case
+is the default recipe's generation batch (48 prompts x 8 samples = 384 rows, up to 80 new tokens).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from benchmarks.common import matmul_gflops
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.rollout import HFRolloutBackend, SamplingConfig
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
@@ -133,44 +141,41 @@ def vllm_results(model, tokenizer, cases: list[tuple[str, int, int, int]], repea
     return {"vllm": vllm.__version__, "load_s": round(load_s, 1), "weight_sync_s": round(min(syncs), 3), "results": out}
 
 
+def decode_flops_per_token(model: torch.nn.Module, context: float) -> float:
+    """FLOPs of one decoded token: 2 x every weight it multiplies (the input embedding is a lookup, the tied
+    lm_head a matmul) + QK^T and PV over ``context`` positions in every layer."""
+    cfg = model.config
+    embed = model.get_input_embeddings().weight  # type: ignore[operator]
+    head = model.get_output_embeddings().weight  # type: ignore[operator]
+    params = sum(p.numel() for p in model.parameters())
+    matmul_weights = params - embed.numel() + (head.numel() if head.data_ptr() == embed.data_ptr() else 0)
+    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    return 2.0 * matmul_weights + attention * context
+
+
 def run(repeats: int, rows: int) -> dict:
     tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)
     model = build_tiny_qwen2(tokenizer, seed=0)
-    backend = HFRolloutBackend(model, tokenizer, micro_batch_size=rows)
-    cases = [("256 prompts x 1", 256, 1, 32), ("32 prompts x 8", 32, 8, 32)]
-    out = []
-    for name, count, n, new in cases:
-        prompts = make_prompts(tokenizer, count)
-
-        def hf(log_probs: bool, prompts=prompts, n=n, new=new) -> int:
-            sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=log_probs)
-            return sum(r.response_length for r in backend.generate(prompts, sampling))
-
-        bare, bare_tokens = _best_rate(
-            lambda prompts=prompts, n=n, new=new: bare_generate(model, tokenizer, prompts, n, new, rows), repeats
-        )
-        ours, ours_tokens = _best_rate(lambda: hf(False), repeats)
-        ours_lp, _ = _best_rate(lambda: hf(True), repeats)
-        out.append(
-            {
-                "case": name,
-                "prompts": count,
-                "n": n,
-                "max_new_tokens": new,
-                "bare_tokens_per_s": round(bare, 1),
-                "hf_tokens_per_s": round(ours, 1),
-                "hf_logprobs_tokens_per_s": round(ours_lp, 1),
-                "ratio": round(ours / bare, 3),
-                "ratio_logprobs": round(ours_lp / bare, 3),
-                "bare_tokens": bare_tokens,
-                "hf_tokens": ours_tokens,
-            }
-        )
+    gflops = matmul_gflops()
+    cases = [
+        ("256 prompts x 1", 256, 1, 32, rows),
+        ("32 prompts x 8", 32, 8, 32, rows),
+        ("48 prompts x 8, 80 tokens (default rollout batch)", 48, 8, 80, 384),
+    ]
+    out = [_case(name, count, n, new, case_rows, model, tokenizer, make_prompts(tokenizer, count), repeats, gflops)
+           for name, count, n, new, case_rows in cases]  # fmt: skip
+    real = _warm_started_batch()
+    if real is not None:  # the default rollout batch as training sees it: the base model on curated prompts
+        base, base_tok, prompts = real
+        name = "48 curated prompts x 8, 80 tokens, warm-started base model"
+        out.append(_case(name, 48, 8, 80, 384, base, base_tok, prompts, repeats, gflops))
     return {
-        "vllm_cpu": vllm_results(model, tokenizer, cases, repeats),
+        "vllm_cpu": vllm_results(model, tokenizer, [c[:4] for c in cases[:2]], repeats),
         "benchmark": "rollout",
-        "model": "tiny qwen2 (hidden 128, 4 layers, 4/2 heads, intermediate 512, tied), random init",
+        "model": "tiny qwen2 (hidden 128, 4 layers, 4/2 heads, intermediate 512, tied), random init"
+        + ("; last case: outputs/base_model" if real is not None else ""),
         "params": sum(p.numel() for p in model.parameters()),
+        "matmul_gflops": round(gflops, 1),
         "rows_per_micro_batch": rows,
         "repeats": repeats,
         "threads": torch.get_num_threads(),
@@ -178,6 +183,67 @@ def run(repeats: int, rows: int) -> dict:
         "transformers": transformers.__version__,
         "machine": platform.machine(),
         "results": out,
+    }
+
+
+def _warm_started_batch() -> tuple[torch.nn.Module, transformers.PreTrainedTokenizerBase, list[list[int]]] | None:
+    """The base model and 48 curated training prompts (None before ``make run`` / ``dapo base-model``)."""
+    base, train = Path("outputs/base_model"), Path("outputs/curated/train.parquet")
+    if not (base / "config.json").is_file() or not train.is_file():
+        return None
+    from dapo_core.data.schema import read_rl_files
+    from dapo_core.engines.tokenizer import load_tokenizer
+    from dapo_core.training.prompts import encode_prompts
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    tokenizer = load_tokenizer(str(base))
+    items = encode_prompts(read_rl_files([train])[:48], tokenizer, max_prompt_length=32)
+    return model, tokenizer, [list(i.prompt_ids) for i in items]
+
+
+def _case(
+    name: str, count: int, n: int, new: int, case_rows: int, model: torch.nn.Module,
+    tokenizer: transformers.PreTrainedTokenizerBase, prompts: list[list[int]], repeats: int, gflops: float,
+) -> dict:  # fmt: skip
+    """Bare generate, the backend on generate (without / with log-probs) and on the static loop, one case."""
+    backend = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows)
+    static = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows, decode="static")
+
+    def hf(log_probs: bool, engine=backend, prompts=prompts, n=n, new=new) -> int:
+        sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=log_probs)
+        return sum(r.response_length for r in engine.generate(prompts, sampling))
+
+    bare, bare_tokens = _best_rate(
+        lambda prompts=prompts, n=n, new=new, r=case_rows: bare_generate(model, tokenizer, prompts, n, new, r),
+        repeats,
+    )
+    ours, ours_tokens = _best_rate(lambda: hf(False), repeats)
+    ours_lp, _ = _best_rate(lambda: hf(True), repeats)
+    fast_lp, fast_tokens = _best_rate(lambda: hf(True, static), repeats)
+    sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
+    same = [r.response_ids for r in backend.generate(prompts, sampling)] == [
+        r.response_ids for r in static.generate(prompts, sampling)
+    ]
+    mean_prompt = sum(len(p) for p in prompts) / len(prompts)
+    bound = gflops * 1e9 / decode_flops_per_token(model, mean_prompt + fast_tokens / (2 * count * n))
+    return {
+        "case": name,
+        "prompts": count,
+        "n": n,
+        "max_new_tokens": new,
+        "rows_per_call": case_rows,
+        "bare_tokens_per_s": round(bare, 1),
+        "hf_tokens_per_s": round(ours, 1),
+        "hf_logprobs_tokens_per_s": round(ours_lp, 1),
+        "static_logprobs_tokens_per_s": round(fast_lp, 1),
+        "ratio": round(ours / bare, 3),
+        "ratio_logprobs": round(ours_lp / bare, 3),
+        "static_vs_generate": round(fast_lp / ours_lp, 3),
+        "static_same_tokens": same,
+        "arithmetic_bound_tokens_per_s": round(bound, 1),
+        "static_of_bound": round(fast_lp / bound, 3),
+        "bare_tokens": bare_tokens,
+        "hf_tokens": ours_tokens,
     }
 
 
@@ -190,6 +256,20 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {r['case']} | {r['bare_tokens_per_s']:.0f} | {r['hf_tokens_per_s']:.0f} | {r['ratio']:.2f}x "
             f"| {r['hf_logprobs_tokens_per_s']:.0f} | {r['ratio_logprobs']:.2f}x |"
+        )
+    lines += [
+        "",
+        f"`rollout.hf_decode: static` (log-probs on) vs generate (log-probs on); arithmetic bound at "
+        f"{report['matmul_gflops']} GFLOP/s:",
+        "",
+        "| case | generate tok/s | static tok/s | speed-up | same tokens | bound tok/s | static / bound |",
+        "|---|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['case']} | {r['hf_logprobs_tokens_per_s']:.0f} | {r['static_logprobs_tokens_per_s']:.0f} "
+            f"| {r['static_vs_generate']:.2f}x | {'yes' if r['static_same_tokens'] else 'NO'} "
+            f"| {r['arithmetic_bound_tokens_per_s']:.0f} | {r['static_of_bound']:.0%} |"
         )
     v = report.get("vllm_cpu")
     if v:

@@ -127,7 +127,13 @@ def _tags(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
 
 # knobs added after runs were journaled, at the value that keeps the behaviour those runs had: left out of the
 # fingerprint at that value, so a journal written before the knob existed still resumes (any other value counts)
-FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {("rollout", "mode"): "sync", ("rollout", "max_staleness"): 1}
+# (rollout.hf_decode: the static loop samples generate's tokens up to float ties, but over a whole run one flipped
+# near-tie is enough to change a result by a sample, so a run decoded the other way is another run)
+FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {
+    ("rollout", "mode"): "sync",
+    ("rollout", "max_staleness"): 1,
+    ("rollout", "hf_decode"): "generate",
+}
 
 
 def _config_view(cfg: DapoConfig) -> dict[str, Any]:

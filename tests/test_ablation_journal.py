@@ -69,3 +69,17 @@ def test_knobs_added_later_keep_old_fingerprints_at_their_neutral_value():
     assert "n" in view["rollout"] and "tracking" not in view
     off = _config_view(load_config(recipe="tiny-dapo", overrides=["rollout.mode=one_step_off"], env={}))
     assert off["rollout"]["mode"] == "one_step_off" and fingerprint(off) != fingerprint(view)
+
+
+def test_the_decode_loop_is_part_of_a_runs_identity():
+    """Journals written with generate (before rollout.hf_decode existed) still resume with generate; a run decoded
+    by the static loop is another run (a flipped near-tie changes results by a sample), so it does not reuse them."""
+    from dapo_core.config import load_config
+    from flows.ablation import _config_view
+
+    def view(*overrides: str) -> dict:
+        return _config_view(load_config(recipe="tiny-dapo", overrides=list(overrides), env={}))
+
+    generate, static = view("rollout.hf_decode=generate"), view("rollout.hf_decode=static")
+    assert "hf_decode" not in generate["rollout"]  # what the older schema dumped: old fingerprints still match
+    assert static["rollout"]["hf_decode"] == "static" and fingerprint(static) != fingerprint(generate)

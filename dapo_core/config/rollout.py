@@ -37,6 +37,12 @@ class RolloutConfig(_Section):
         description="Rows (prompt x sample) per generate call on the hf backend; larger is faster on CPU "
         "until memory binds (vLLM batches itself).",
     )
+    hf_decode: Literal["generate", "static"] = Field(
+        default="generate",
+        description="How the hf backend decodes: generate (transformers' model.generate, any architecture) or "
+        "static (a lean loop with a preallocated KV cache over the same module's weights, Qwen2/Llama only; "
+        "same seeded tokens and log-probs, several times the tokens/s of generate on small CPU models).",
+    )
     val_n: int = Field(default=32, gt=0, description="k samples per validation prompt for avg@k. Paper: 32.")
     val_temperature: float = Field(default=1.0, gt=0, description="Validation temperature. Paper: 1.0.")
     val_top_p: float = Field(default=0.7, description="Validation top-p, in (0, 1]. Paper/verl: 0.7.")

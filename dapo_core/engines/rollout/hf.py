@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -51,8 +52,15 @@ from dapo_core.engines.rollout.base import (
     SamplingConfig,
     register_rollout_backend,
 )
+from dapo_core.engines.rollout.static_decode import check_supported, decode_static
+
+if TYPE_CHECKING:
+    from dapo_core.config.schema import DapoConfig
 
 logger = logging.getLogger(__name__)
+
+# rollout.hf_decode: transformers' generate, or the lean static-KV-cache loop of static_decode
+DECODE_MODES = ("generate", "static")
 
 # Upper bound on the Gumbel noise drawn ahead per row (elements); keeps the buffer small for 150k vocabularies.
 _NOISE_ELEMENTS_PER_ROW = 1 << 18
@@ -103,14 +111,20 @@ class SeededSampler(LogitsProcessor):
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         # input_ids (B, prompt_width + step), scores (B, V): raw float32 logits of the next token
-        step = input_ids.shape[1] - self.prompt_width
+        chosen = self.choose(input_ids.shape[1] - self.prompt_width, scores)  # (B,)
+        forced = torch.full_like(scores, float("-inf"))
+        return forced.scatter_(-1, chosen[:, None], 0.0)  # (B, V)
+
+    def choose(self, step: int, scores: Tensor) -> Tensor:
+        """The tokens ``(B,)`` of generation step ``step`` from the raw next-token logits ``scores`` ``(B, V)``;
+        records them and their log-probs (the generate path and ``static_decode`` both call this)."""
         logits = scores.float()
         if self.sampling.greedy:
             chosen = logits.argmax(dim=-1)  # (B,)
         else:
             warped = logits / self.sampling.temperature
             for warper in self.warpers:
-                warped = warper(input_ids, warped)
+                warped = warper(None, warped)  # type: ignore[arg-type]  # top-k / top-p read only the scores
             # Gumbel-max: argmax(log p + g), g ~ Gumbel(0,1), is an exact draw from softmax(log p).
             chosen = (warped + self._gumbel(step, logits.shape[-1])).argmax(dim=-1)  # (B,)
         self.tokens.append(chosen)
@@ -120,8 +134,7 @@ class SeededSampler(LogitsProcessor):
             scaled = logits if self.sampling.greedy else logits / self.sampling.temperature  # (B, V)
             log_probs = torch.log_softmax(scaled, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)  # (B,)
             self.log_probs.append(log_probs)
-        forced = torch.full_like(logits, float("-inf"))
-        return forced.scatter_(-1, chosen[:, None], 0.0)  # (B, V)
+        return chosen
 
 
 @contextlib.contextmanager
@@ -153,9 +166,15 @@ class HFRolloutBackend(RolloutBackend):
         micro_batch_size: int = 64,
         device: str | torch.device | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        decode: str = "generate",
     ) -> None:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size ({micro_batch_size}) must be >= 1 rows")
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode {decode!r} is not one of {DECODE_MODES} (rollout.hf_decode)")
+        if decode == "static":
+            check_supported(model)
+        self.decode = decode
         self.model = model
         self.tokenizer = tokenizer
         self.micro_batch_size = micro_batch_size
@@ -171,6 +190,21 @@ class HFRolloutBackend(RolloutBackend):
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._weight_version = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: DapoConfig,
+        *,
+        model: Any,
+        tokenizer: Any,
+        model_path: str,
+        engine_overrides: Mapping[str, Any] | None = None,
+    ) -> RolloutBackend:
+        """The policy module itself, ``rollout.micro_batch_size`` rows per call, decoded by ``rollout.hf_decode``."""
+        if model is None:
+            raise ValueError("the hf rollout backend generates with the policy module: pass model= (got None)")
+        return cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size, decode=cfg.rollout.hf_decode)
 
     def _default_eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -241,15 +275,26 @@ class HFRolloutBackend(RolloutBackend):
             sampling=sampling,
             device=self.device,
         )
-        config = self._generation_config(sampling)
-        with _generation_config(self.model, config), torch.inference_mode():
-            sequences = self.model.generate(  # type: ignore[operator]
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                generation_config=config,
-                logits_processor=LogitsProcessorList([sampler]),
-            )  # (b, L + t)
-        responses = sequences[:, width:].cpu()  # (b, t)
+        if self.decode == "static":
+            responses = decode_static(
+                self.model,
+                input_ids.to(self.device),
+                attention_mask.to(self.device),
+                max_new_tokens=sampling.max_new_tokens,
+                choose=sampler.choose,
+                eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+            ).cpu()  # (b, t)
+        else:
+            config = self._generation_config(sampling)
+            with _generation_config(self.model, config), torch.inference_mode():
+                sequences = self.model.generate(  # type: ignore[operator]
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    generation_config=config,
+                    logits_processor=LogitsProcessorList([sampler]),
+                )  # (b, L + t)
+            responses = sequences[:, width:].cpu()  # (b, t)
         return self._to_results(rows, prompts, responses, sampler, prompt_index_offset)
 
     def _to_results(

@@ -1,0 +1,145 @@
+"""``rollout.hf_decode: static``: the lean static-KV-cache loop gives generate's tokens and log-probs.
+
+The generate path's behaviour (ordering, seeding, sampling laws, stop/truncation) is tested in test_rollout_hf; here
+every case is checked for parity with it, plus the exact log-probs against a plain forward, weight syncs, row
+compaction and the refusal of architectures the loop does not compute.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
+
+from dapo_core.config import load_config
+from dapo_core.engines.models import build_tiny_qwen2
+from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, SamplingConfig, static_decode
+from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY["intermediate_size"] = 64
+TEXTS = ["Q: 1+2", "Q: 71-57*6", "Q: 3", "Solve: (12+30)/7 = ?", "Q: 9*9-1", "Q: 5-5", "Q: 3"]
+
+
+@pytest.fixture(scope="module")
+def tok() -> PreTrainedTokenizerBase:
+    return build_char_tokenizer(DEFAULT_ALPHABET)
+
+
+@pytest.fixture(scope="module")
+def prompts(tok) -> list[list[int]]:
+    return [tok.encode(t) for t in TEXTS]  # mixed lengths (left padding) and a repeated prompt
+
+
+def eos_prone_model(tok, seed: int = 0) -> Qwen2ForCausalLM:
+    """A random tiny model whose EOS logit is raised, so rows stop at many different steps (and some never)."""
+    model = build_tiny_qwen2(tok, seed=seed, tie_word_embeddings=False, **TINY)
+    head = torch.nn.Linear(TINY["hidden_size"], len(tok), bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight * 20)
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = 2.5
+    model.lm_head = head
+    return model
+
+
+def run(model, tok, prompts, decode: str, micro: int = 64, **sampling) -> list[RolloutResult]:
+    backend = HFRolloutBackend(model, tok, micro_batch_size=micro, decode=decode)
+    kwargs = {"n": 4, "max_new_tokens": 24, "seed": 7, "return_log_probs": True, **sampling}
+    return backend.generate(prompts, SamplingConfig(**kwargs))
+
+
+def assert_parity(ref: list[RolloutResult], got: list[RolloutResult], atol: float = 2e-5) -> None:
+    assert len(ref) == len(got)
+    for a, b in zip(ref, got, strict=True):
+        assert (a.prompt_index, a.sample_index, a.response_ids) == (b.prompt_index, b.sample_index, b.response_ids)
+        assert (a.finish_reason, a.truncated, a.text) == (b.finish_reason, b.truncated, b.text)
+        assert a.log_probs is not None and b.log_probs is not None
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {},
+        {"temperature": 0.7},
+        {"temperature": 1.3, "top_p": 0.8},
+        {"top_k": 5},
+        {"temperature": 0.0},  # greedy
+        {"n": 1, "max_new_tokens": 40},
+    ],
+    ids=["T1", "T0.7", "T1.3-top_p", "top_k", "greedy", "n1-long"],
+)
+def test_static_decode_matches_generate(tok, prompts, sampling) -> None:
+    model = eos_prone_model(tok)
+    ref = run(model, tok, prompts, "generate", **sampling)
+    got = run(model, tok, prompts, "static", **sampling)
+    assert_parity(ref, got)
+    # the case exercises what it should: rows stop at different steps, and (except greedy) some run to the limit
+    lengths = {r.response_length for r in got}
+    if sampling.get("temperature", 1.0) > 0:
+        assert len(lengths) >= 3
+        assert any(r.truncated for r in got) and any(not r.truncated for r in got)
+    else:  # greedy: one response per prompt text, still of different lengths
+        assert len(lengths) >= 2
+
+
+@pytest.mark.parametrize("compact_at", [0.0, 0.75, 1.0], ids=["never", "default", "every-step"])
+@pytest.mark.parametrize("micro", [1, 5, 64])
+def test_row_compaction_and_micro_batches_change_nothing(tok, prompts, monkeypatch, compact_at, micro) -> None:
+    model = eos_prone_model(tok, seed=1)
+    ref = run(model, tok, prompts, "generate", micro=64)
+    monkeypatch.setattr(static_decode, "_COMPACT_AT", compact_at)
+    assert_parity(ref, run(model, tok, prompts, "static", micro=micro))
+
+
+def test_log_probs_equal_a_plain_forward_of_the_sequence(tok, prompts) -> None:
+    model = eos_prone_model(tok, seed=2)
+    for result in run(model, tok, prompts, "static", temperature=0.8):
+        ids = torch.tensor([result.prompt_ids + result.response_ids])  # (1, P + R)
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits.float() / 0.8, dim=-1)[0]  # (P + R, V)
+        p = len(result.prompt_ids)
+        expected = lp[p - 1 : -1].gather(-1, torch.tensor(result.response_ids)[:, None]).squeeze(-1)  # (R,)
+        assert torch.allclose(torch.tensor(result.log_probs), expected, atol=2e-5, rtol=0)
+
+
+def test_the_default_tiny_model_shape_matches_generate(tok, prompts) -> None:
+    """The recipe's model shape (hidden 128, 4 layers, GQA 4/2, tied head): parity at its rollout settings."""
+    model = build_tiny_qwen2(tok, seed=3)
+    ref = run(model, tok, prompts, "generate", n=8, max_new_tokens=48)
+    assert_parity(ref, run(model, tok, prompts, "static", n=8, max_new_tokens=48))
+
+
+def test_weight_updates_are_seen_without_copies(tok, prompts) -> None:
+    model = eos_prone_model(tok, seed=4)
+    backend = HFRolloutBackend(model, tok, decode="static")
+    sampling = SamplingConfig(n=2, max_new_tokens=16, seed=1, return_log_probs=True)
+    before = backend.generate(prompts, sampling)
+    other = eos_prone_model(tok, seed=5)
+    backend.update_weights(other.state_dict(), version=1)
+    after = backend.generate(prompts, sampling)
+    assert [r.response_ids for r in after] != [r.response_ids for r in before]
+    assert_parity(run(other, tok, prompts, "generate", n=2, max_new_tokens=16, seed=1), after)
+
+
+def test_unsupported_architecture_is_refused_with_the_fix(tok) -> None:
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, n_positions=64))
+    with pytest.raises(ValueError, match=r"model_type 'gpt2'.*rollout.hf_decode: generate"):
+        HFRolloutBackend(gpt2, tok, decode="static")
+    HFRolloutBackend(gpt2, tok, decode="generate")  # generate handles it
+    with pytest.raises(ValueError, match="decode 'fast' is not one of"):
+        HFRolloutBackend(gpt2, tok, decode="fast")
+
+
+def test_config_knob_selects_the_loop(tok) -> None:
+    model = build_tiny_qwen2(tok, seed=0, **TINY)
+    cfg = load_config(recipe="tiny-dapo", overrides=["rollout.hf_decode=static"])
+    backend = HFRolloutBackend.from_config(cfg, model=model, tokenizer=tok, model_path="unused")
+    assert isinstance(backend, HFRolloutBackend) and backend.decode == "static"
+    default = load_config(recipe="tiny-dapo")
+    assert HFRolloutBackend.from_config(default, model=model, tokenizer=tok, model_path="unused").decode == (
+        default.rollout.hf_decode
+    )
+    with pytest.raises(ValueError, match="hf_decode"):
+        load_config(recipe="tiny-dapo", overrides=["rollout.hf_decode=turbo"])
