@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 from prefect import flow, get_run_logger
+from prefect.utilities.annotations import quote
 
 from dapo_core.algorithm import GroupAccumulator
 from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
@@ -171,7 +172,7 @@ def run_training(
                 removed = tracking.truncate_metrics_after(run_id, start_step)
                 plog.info("removed %d metric points logged after step %d by the interrupted run", removed, start_step)
             elif cfg.trainer.val_before_train:
-                validate(executor, val_items, cfg, step=0)
+                validate(executor, quote(val_items), quote(cfg), step=0)
 
             last_metrics: dict[str, float] = {}
             for step in range(start_step + 1, cfg.trainer.total_steps + 1):
@@ -183,7 +184,7 @@ def run_training(
                     tracking.set_tags({f"alert.{alert.name}": f"step {alert.step}: {alert.message}"})
                 fault_point("update", step)  # the policy has moved; nothing of this step is saved or logged
                 if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
-                    last_metrics.update(validate(executor, val_items, cfg, step=step))
+                    last_metrics.update(validate(executor, quote(val_items), quote(cfg), step=step))
                 # the step's metrics go out before its checkpoint: a kill in between is redone from the previous
                 # checkpoint (resume drops the points after it), so no step is ever missing
                 log_step(last_metrics, step)
@@ -237,6 +238,8 @@ def _train_step(
     )
     timings = {"gen": 0.0, "reward": 0.0, "filter": 0.0}
     correct, total, zero_var, groups_seen, gen_idx, failed = 0, 0, 0, 0, 0, 0
+    # quote(): Prefect walks every task argument looking for futures; for a batch of a few hundred responses that
+    # walk took ~0.3 s per task call (a tenth of a tiny step), so the large arguments go in unexamined
     while acc.need_more():
         t0 = time.perf_counter()
         ahead = T.take_prefetched(prefetcher, step) if prefetcher is not None and gen_idx == 0 else None
@@ -245,12 +248,14 @@ def _train_step(
         else:
             items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
             version = executor.weight_version
-            results = T.rollout(executor, items, cfg, derive_seed(cfg.trainer.seed, "train", step, gen_idx))
+            results = T.rollout(
+                executor, quote(items), quote(cfg), derive_seed(cfg.trainer.seed, "train", step, gen_idx)
+            )
         fault_point("rollout", step)  # samples generated, not yet scored
         t1 = time.perf_counter()
-        batch = T.score(executor, items, results, cfg, version)
+        batch = T.score(executor, quote(items), quote(results), quote(cfg), version)
         t2 = time.perf_counter()
-        flags = T.filter_groups(batch, cfg)
+        flags = T.filter_groups(quote(batch), quote(cfg))
         timings["gen"] += t1 - t0
         timings["reward"] += t2 - t1
         timings["filter"] += time.perf_counter() - t2
@@ -267,7 +272,7 @@ def _train_step(
         T.prefetch(prefetcher, step)
         timings["prefetch_submit"] = time.perf_counter() - t0
     if groups:
-        metrics, t_update = T.update_policy(executor, groups, cfg)
+        metrics, t_update = T.update_policy(executor, quote(groups), quote(cfg))
         t0 = time.perf_counter()
         T.sync_weights(executor)
         timings["sync_weights"] = time.perf_counter() - t0
