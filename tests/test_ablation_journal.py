@@ -64,10 +64,11 @@ def test_knobs_added_later_keep_old_fingerprints_at_their_neutral_value():
     from dapo_core.config import load_config
     from flows.ablation import FINGERPRINT_NEUTRAL, _config_view
 
-    view = _config_view(load_config(recipe="tiny-dapo", env={}))
+    neutral = [f"{section}.{key}={value}" for (section, key), value in FINGERPRINT_NEUTRAL.items()]
+    view = _config_view(load_config(recipe="tiny-dapo", overrides=neutral, env={}))
     assert all(key not in view[section] for section, key in FINGERPRINT_NEUTRAL)  # what the older schema dumped
     assert "n" in view["rollout"] and "tracking" not in view
-    off = _config_view(load_config(recipe="tiny-dapo", overrides=["rollout.mode=one_step_off"], env={}))
+    off = _config_view(load_config(recipe="tiny-dapo", overrides=[*neutral, "rollout.mode=one_step_off"], env={}))
     assert off["rollout"]["mode"] == "one_step_off" and fingerprint(off) != fingerprint(view)
 
 
