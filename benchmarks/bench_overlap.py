@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_results
+from benchmarks.common import require_base_and_data, write_results
 
 OUT = Path("outputs/bench-overlap")
 LAYOUTS: dict[str, list[str]] = {
@@ -89,11 +89,7 @@ def main() -> None:
     from dapo_core.env import apply_quiet_env
 
     apply_quiet_env()  # offline and quiet, as the `dapo` CLI runs (this is called before Prefect is imported)
-    if not (Path(args.base) / "config.json").is_file():
-        raise SystemExit(f"{args.base}: no base model (config.json). Run `dapo base-model` (or `make run`) first")
-    for f in ("outputs/curated/train.parquet", "outputs/curated/val.parquet"):
-        if not Path(f).is_file():
-            raise SystemExit(f"{f} is missing: run `dapo curate` (or `make run`) first")
+    require_base_and_data(args.base)
     OUT.mkdir(parents=True, exist_ok=True)
     runs = [one_run(layout, seed, args.steps, args.base) for seed in range(1, args.seeds + 1) for layout in LAYOUTS]
     by_layout = {lay: [r for r in runs if r["layout"] == lay] for lay in LAYOUTS}

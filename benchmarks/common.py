@@ -76,3 +76,12 @@ def random_policy_batch(
     batch.advantages = torch.randn(len(prompts), generator=gen)  # (N,)
     batch.old_log_probs = -3.0 + 0.1 * torch.randn(batch.response_mask.shape, generator=gen)  # (N, T)
     return batch
+
+
+def require_base_and_data(base: str | Path) -> None:
+    """Exit with the fix when the base model or the curated data a training benchmark starts from is missing."""
+    if not (Path(base) / "config.json").is_file():
+        raise SystemExit(f"{base}: no base model (config.json). Run `dapo base-model` (or `make run`) first")
+    for f in ("outputs/curated/train.parquet", "outputs/curated/val.parquet"):
+        if not Path(f).is_file():
+            raise SystemExit(f"{f} is missing: run `dapo curate` (or `make run`) first")

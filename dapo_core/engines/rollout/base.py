@@ -112,7 +112,12 @@ class RolloutBackend(abc.ABC):
         """
         if model is None:
             raise ValueError(f"rollout backend {cls.__name__} generates with the policy module: pass model= (got None)")
-        return cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size)  # type: ignore[call-arg]
+        return cls(model, tokenizer, **cls.config_kwargs(cfg))  # type: ignore[call-arg]
+
+    @classmethod
+    def config_kwargs(cls, cfg: DapoConfig) -> dict[str, Any]:
+        """The constructor keywords the default ``from_config`` takes from the run config."""
+        return {"micro_batch_size": cfg.rollout.micro_batch_size}
 
     @abc.abstractmethod
     def generate(

@@ -192,19 +192,9 @@ class HFRolloutBackend(RolloutBackend):
         self._weight_version = 0
 
     @classmethod
-    def from_config(
-        cls,
-        cfg: DapoConfig,
-        *,
-        model: Any,
-        tokenizer: Any,
-        model_path: str,
-        engine_overrides: Mapping[str, Any] | None = None,
-    ) -> RolloutBackend:
-        """The policy module itself, ``rollout.micro_batch_size`` rows per call, decoded by ``rollout.hf_decode``."""
-        if model is None:
-            raise ValueError("the hf rollout backend generates with the policy module: pass model= (got None)")
-        return cls(model, tokenizer, micro_batch_size=cfg.rollout.micro_batch_size, decode=cfg.rollout.hf_decode)
+    def config_kwargs(cls, cfg: DapoConfig) -> dict[str, Any]:
+        """``rollout.micro_batch_size`` rows per call, decoded by ``rollout.hf_decode``."""
+        return {"micro_batch_size": cfg.rollout.micro_batch_size, "decode": cfg.rollout.hf_decode}
 
     def _default_eos_ids(self) -> list[int]:
         ids: list[int] = []

@@ -2,8 +2,8 @@
 
 Why: on a CPU, ``model.generate`` on the ~1M-parameter tiny model spends most of each decode step in per-token
 Python and framework work (cache objects, mask construction, logits processors, stopping criteria), not in
-arithmetic. This loop does only what one step needs, on the same module's weights (nothing is copied, so weight
-syncs and in-place updates are seen at once):
+arithmetic. This loop does only what one step needs, on the same module's weights, read at every call (so weight
+syncs and in-place updates are seen at once; only the fused q/k/v and gate/up matrices are concatenated per call):
 
 - the KV cache is preallocated once per call: per layer ``(b, H_kv, P + T, D)`` for keys and values, and step t
   writes slot ``P + t``; attention reads the view ``[:, :, :P + t + 1]`` (no concatenation, no reallocation);
@@ -83,7 +83,7 @@ def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class _Layer:
-    """One decoder layer's weights, read from the live module (references, not copies)."""
+    """One decoder layer's weights, read from the live module (the fused q/k/v and gate/up matrices: copies)."""
 
     def __init__(self, layer: Any, head_dim: int) -> None:
         attn: Any = layer.self_attn
