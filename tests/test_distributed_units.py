@@ -173,3 +173,24 @@ def test_hf_shards_generated_with_their_offsets_equal_one_whole_call():
     assert [r.response_ids for r in unshifted] != [r.response_ids for r in whole[9:]]  # the offset matters
     with pytest.raises(ValueError, match="prompt_index_offset"):
         backend.generate(prompts, sampling, prompt_index_offset=-1)
+
+
+def test_reward_worker_streams_chunks_in_item_order():
+    from dapo_core.distributed.reward_pool import RewardWorker
+
+    def fn(completion: str, ground_truth: str) -> dict:
+        if completion == "RAISE":
+            raise ValueError("bad item")
+        if completion == "SLOW":
+            time.sleep(0.3)
+        return {"score": 1.0, "acc": True, "pred": completion}
+
+    worker = RewardWorker(fn)
+    texts = ["a", "b", "RAISE", "c", "SLOW", "d", "e"]
+    one_each = list(worker.score_stream(texts, ["x"] * len(texts), 0.0))
+    assert [len(c) for c in one_each] == [1] * len(texts)
+    chunks = list(worker.score_stream(texts, ["x"] * len(texts), 0.2))
+    # the fast items before the slow one wait for it; the slow one makes the chunk due; the rest go at the end
+    assert [[r["pred"] for r, _ in c] for c in chunks] == [["a", "b", "[ERROR]", "c", "SLOW"], ["d", "e"]]
+    assert [failed for c in chunks for _, failed in c] == [False, False, True, False, False, False, False]
+    assert [item for c in chunks for item in c] == [item for c in one_each for item in c]
