@@ -253,12 +253,10 @@ def _train_step(
             )
         fault_point("rollout", step)  # samples generated, not yet scored
         t1 = time.perf_counter()
-        batch = T.score(executor, quote(items), quote(results), quote(cfg), version)
-        t2 = time.perf_counter()
-        flags = T.filter_groups(quote(batch), quote(cfg))
+        batch, flags, parts = T.score_and_filter(executor, quote(items), quote(results), quote(cfg), version)
         timings["gen"] += t1 - t0
-        timings["reward"] += t2 - t1
-        timings["filter"] += time.perf_counter() - t2
+        timings["reward"] += time.perf_counter() - t1 - parts["filter"]  # the task run's own cost included
+        timings["filter"] += parts["filter"]
         acc.add(batch.groups, flags)
         gen_idx += 1
         failed += batch.num_failed_rewards

@@ -99,23 +99,23 @@ def prefetch(prefetcher: RolloutPrefetcher, step: int) -> int:
     return prefetcher.fill(step)
 
 
-@task(name="score", cache_policy=NO_CACHE)
-def score(
+@task(name="score-and-filter", cache_policy=NO_CACHE)
+def score_and_filter(
     executor: Executor,
     items: Sequence[PromptItem],
     results: Sequence[RolloutResult],
     cfg: DapoConfig,
     version: int | None = None,
-) -> GenBatch:
-    """Line 5: rule-based reward (+1/-1) plus the soft overlong penalty (Eq. 13) when enabled. ``version``: the
-    weights that sampled ``results`` (default: the current ones)."""
-    return score_results(executor, items, results, cfg, version=version)
-
-
-@task(name="filter-groups", cache_policy=NO_CACHE)
-def filter_groups(batch: GenBatch, cfg: DapoConfig) -> list[bool]:
-    """Line 6: dynamic sampling keeps groups whose raw accuracy varies."""
-    return keep_flags(batch, cfg)
+) -> tuple[GenBatch, list[bool], dict[str, float]]:
+    """Line 5: rule-based reward (+1/-1) plus the soft overlong penalty (Eq. 13) when enabled; line 6: dynamic
+    sampling keeps the groups whose raw accuracy varies. ``version``: the weights that sampled ``results``
+    (default: the current ones). One task run for both: each task run costs Prefect's API server ~30 ms of CPU,
+    more than the filter itself. Returns (batch, keep flags, seconds of each part)."""
+    t0 = time.perf_counter()
+    batch = score_results(executor, items, results, cfg, version=version)
+    t1 = time.perf_counter()
+    flags = keep_flags(batch, cfg)
+    return batch, flags, {"reward": t1 - t0, "filter": time.perf_counter() - t1}
 
 
 @task(name="update-policy", cache_policy=NO_CACHE)
