@@ -108,8 +108,8 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
 def in_flight_k(r: dict[str, Any]) -> float:
     """Thousands of token positions one rollout call holds (its rows x prompt + response): what the KV cache and
     the activations scale with. The batch axis adds calls, not rows per call, so it leaves this alone."""
-    rows = min(r["gen_rows"], r.get("rollout_micro_batch", 384))
-    return rows * (r.get("max_prompt_length", 32) + r["max_response_length"]) / 1e3
+    rows = min(r["gen_rows"], r["rollout_micro_batch"])
+    return rows * (r["max_prompt_length"] + r["max_response_length"]) / 1e3
 
 
 def report(results: list[dict[str, Any]], steps: int) -> None:

@@ -101,8 +101,10 @@ def random_policy_batch(
 
 def require_base_and_data(base: str | Path) -> None:
     """Exit with the fix when the base model or the curated data a training benchmark starts from is missing."""
+    from benchmarks.suites import CURATED_FILES, PREPARE_FIX
+
     if not (Path(base) / "config.json").is_file():
-        raise SystemExit(f"{base}: no base model (config.json). Run `dapo base-model` (or `make run`) first")
-    for f in ("outputs/curated/train.parquet", "outputs/curated/val.parquet"):
+        raise SystemExit(f"{base}: no base model (config.json): {PREPARE_FIX}")
+    for f in CURATED_FILES:
         if not Path(f).is_file():
-            raise SystemExit(f"{f} is missing: run `dapo curate` (or `make run`) first")
+            raise SystemExit(f"{f} is missing: {PREPARE_FIX}")

@@ -15,21 +15,13 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
+from prefect import Task
 from prefect.utilities.annotations import BaseAnnotation
 
 from dapo_core.config import DapoConfig
 from dapo_core.data.synthetic import generate_problems, synthetic_records
 from dapo_core.engines.executor import Executor
 from dapo_core.training.prompts import PromptItem, PromptSampler, encode_prompts
-
-_PHASES = (
-    "rollout",
-    "score_and_filter",
-    "update_policy",
-    "sync_weights",
-    "take_prefetched",
-    "prefetch",
-)
 
 
 def _plain(task: Any) -> Any:
@@ -50,7 +42,9 @@ def plain_tasks() -> Iterator[None]:
     import flows.train as flow_module
     from tasks import train as task_module
 
-    plain = SimpleNamespace(**{name: _plain(getattr(task_module, name)) for name in _PHASES})
+    plain = SimpleNamespace(
+        **{name: _plain(obj) if isinstance(obj, Task) else obj for name, obj in vars(task_module).items()}
+    )
     flow_module.T = plain  # type: ignore[assignment]
     try:
         yield
