@@ -13,11 +13,12 @@ import typer
 
 from dapo_core.config import ConfigError
 from dapo_core.data.curate import DEFAULT_OUTPUT_DIR
+from dapo_core.data.freshness import SourceChangedError
 from dapo_core.data.schema import SchemaError
 from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail
 
 # What a user can fix from the message alone: print it, no traceback.
-_USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, ImportError)
+_USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, ImportError, SourceChangedError)
 
 
 def _check_config(config: Path | None, recipe: str | None, overrides: list[str] | None) -> None:

@@ -79,7 +79,7 @@ def run_curation(
     settings = curation_settings(cfg, ccfg)
     # quote(): Prefect would otherwise walk these large in-memory inputs (millions of rows) looking for futures.
     result, card = curate_sources(quote(train), quote(val), settings)  # type: ignore[call-overload]
-    files = write_curated(quote(result), card, output_dir)  # type: ignore[call-overload]
+    files = write_curated(quote(result), card, output_dir, quote([*train, *val]))  # type: ignore[call-overload]
     run_id = log_curation(cfg, settings, card, files) if track else None
     counts = card["counts"]
     return {

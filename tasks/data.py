@@ -26,6 +26,7 @@ from prefect.cache_policies import NO_CACHE
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.data.card import CARD_JSON, CARD_MD, build_card, render_markdown, write_card
 from dapo_core.data.curate import CurationConfig, CurationResult, SyntheticDataConfig, curate
+from dapo_core.data.freshness import check_unchanged
 from dapo_core.data.loaders import SourceRows, SourceSpec, file_md5, load_source
 from dapo_core.data.schema import write_rl_parquet
 from dapo_core.data.templates import CHAR_TOKENIZER, load_token_counter
@@ -155,8 +156,14 @@ def curate_sources(
 
 
 @task(name="write-curated", cache_policy=NO_CACHE)
-def write_curated(result: CurationResult, card: Mapping[str, Any], output_dir: str | Path) -> CuratedFiles:
-    """Write train/val parquet and the card; each file lands by rename, so a failure leaves the old ones whole."""
+def write_curated(
+    result: CurationResult, card: Mapping[str, Any], output_dir: str | Path, sources: Sequence[SourceRows] = ()
+) -> CuratedFiles:
+    """Write train/val parquet and the card; each file lands by rename, so a failure leaves the old ones whole.
+
+    ``sources`` (the rows the result came from) are checked first: one whose file changed since it was read is a
+    ``SourceChangedError`` and nothing is written."""
+    check_unchanged(sources)
     out = Path(output_dir)
     train = write_rl_parquet(result.train, out / SPLIT_FILES["train"])
     val = write_rl_parquet(result.val, out / SPLIT_FILES["val"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -180,3 +181,46 @@ def test_aime_reads_as_verl_with_its_template():
     assert (rows.loader, rows.templated, len(rows), rows.unreadable) == ("verl", True, 960, {})
     assert rows.problem.row(0).startswith("Solve the following math problem step by step.")
     assert rows.style.row(0) == "rule-lighteval/MATH_v2" and rows.ability.row(0) == "MATH"
+
+
+def test_a_source_rewritten_while_or_after_it_is_read_is_caught(tmp_path, monkeypatch):
+    from dapo_core.data import loaders
+    from dapo_core.data.freshness import SourceChangedError, check_unchanged
+
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        "".join(json.dumps({"problem": p, "answer": a}) + "\n" for p, a in zip(PROBLEMS, ANSWERS, strict=True))
+    )
+    rows = load_source(path)
+    assert rows.stamp is not None and rows.stamp.size == path.stat().st_size
+    check_unchanged([rows])  # untouched: no error
+
+    real = loaders._LOADERS["jsonl"]
+
+    def rewritten_during_the_read(spec):
+        out = real(spec)
+        path.write_text(path.read_text().replace("3*4", "13*4"))
+        return out
+
+    monkeypatch.setitem(loaders._LOADERS, "jsonl", rewritten_during_the_read)
+    with pytest.raises(SourceChangedError, match=r"p\.jsonl: the source file changed while it was being read"):
+        load_source(path)
+    monkeypatch.setitem(loaders._LOADERS, "jsonl", real)
+
+    rows = load_source(path)
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_bytes(path.read_bytes())
+    replacement.replace(path)  # the same bytes, renamed over it: another file (inode)
+    with pytest.raises(SourceChangedError, match=r"after it was read.*Nothing was written"):
+        check_unchanged([rows])
+    rows = load_source(path)
+    with open(path, "r+") as f:  # same size, maybe within the same clock tick as the read: the md5 tells
+        text = f.read()
+        f.seek(0)
+        f.write(text.replace("3*4", "5*6"))
+    os.utime(path, ns=(rows.stamp.mtime_ns, rows.stamp.mtime_ns))
+    with pytest.raises(SourceChangedError, match="after it was read"):
+        check_unchanged([rows])
+    path.unlink()
+    with pytest.raises(SourceChangedError, match="now gone"):
+        check_unchanged([rows])

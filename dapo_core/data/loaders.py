@@ -23,7 +23,6 @@ row never stops a curation.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dapo_core.data.freshness import FileStamp, check_stamp, file_md5, file_stamp
 from dapo_core.data.schema import Column, ColumnBuilder, SchemaError, column_from_arrow
 
 logger = logging.getLogger(__name__)
@@ -86,6 +86,7 @@ class SourceRows:
     templated: bool
     digest: str
     unreadable: dict[int, str] = field(default_factory=dict)
+    stamp: FileStamp | None = None  # the local file as it was read (dapo_core.data.freshness)
 
     def __len__(self) -> int:
         return len(self.problem)
@@ -113,15 +114,6 @@ def get_loader(name: str) -> LoaderFn:
     return _LOADERS[name]
 
 
-def file_md5(path: str | Path, chunk: int = 1 << 20) -> str:
-    """md5 of the file bytes (DVC's file hash, so it can be checked against DVC's records)."""
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def detect_format(spec: SourceSpec) -> str:
     """The loader for ``spec``: its ``format``, ``hf`` for 'hf:' ids, else from the suffix (and columns)."""
     if spec.format is not None:
@@ -145,10 +137,15 @@ def detect_format(spec: SourceSpec) -> str:
 
 
 def load_source(spec: SourceSpec | str | os.PathLike[str]) -> SourceRows:
-    """Read one source with its loader (see ``detect_format``)."""
+    """Read one source with its loader (see ``detect_format``); a local file that changes meanwhile is an error."""
     spec = SourceSpec.model_validate(spec)
     name = detect_format(spec)
+    local = name != "hf" and Path(spec.path).is_file()
+    before = file_stamp(spec.path) if local else None
     rows = get_loader(name)(spec)
+    if before is not None:  # rewritten during the read: the rows may mix two versions of the file
+        check_stamp(spec.path, before, "while it was being read")
+        rows.stamp = before
     logger.info("read %d rows from %s (%s)", len(rows), spec.path, name)
     return rows
 
@@ -241,10 +238,14 @@ class _Rows:
         return SourceRows(
             source=self.spec.path,
             loader=loader,
+            problem=built["problem"],
+            answer=built["answer"],
+            data_source=built["data_source"],
+            ability=built["ability"],
+            style=built["style"],
             templated=templated,
             digest=digest,
             unreadable=self.unreadable,
-            **built,
         )
 
 
