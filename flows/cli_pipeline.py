@@ -20,7 +20,7 @@ import typer
 
 from dapo_core.config.schema import resolved_run_name
 from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
-from flows.cli_train import USER_ERRORS
+from flows.cli_train import USER_ERRORS, ray_errors
 
 
 def _ui_help(tracking_uri: str) -> str:
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
                     overrides=overrides,
                     log_file=str(log_file),
                 )
-        except USER_ERRORS as exc:
+        except (*USER_ERRORS, *ray_errors()) as exc:
             fail(f"{exc}\n(the log of the run: {log_file})")
         for line in _summary(s, time.perf_counter() - t0, log_file):
             typer.echo(line)

@@ -10,11 +10,21 @@ import typer
 
 from dapo_core.algorithm import DynamicSamplingExhausted
 from dapo_core.config import ConfigError
+from dapo_core.data.freshness import SourceChangedError
 from dapo_core.data.schema import SchemaError
 from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 
 # errors a user can fix from the message alone: shown without a traceback
-USER_ERRORS: tuple[type[BaseException], ...] = (FileNotFoundError, ConfigError, SchemaError, DynamicSamplingExhausted)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError, ConfigError, SchemaError, DynamicSamplingExhausted, SourceChangedError
+)  # fmt: skip
+
+
+def ray_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors a user acts on from the message (an actor that died: which, where, resume), when Ray is loaded:
+    importing them here would load Ray for every command."""
+    faults = sys.modules.get("dapo_core.distributed.faults")
+    return (faults.ActorFailureError,) if faults is not None else ()
 
 
 def _progress_hook():
@@ -72,7 +82,7 @@ def register(app: typer.Typer) -> None:
                 config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [], resume=resume,
                 force=force,
             )  # fmt: skip
-        except (*USER_ERRORS, train_module.T.CheckpointWriteError) as exc:
+        except (*USER_ERRORS, train_module.T.CheckpointWriteError, *ray_errors()) as exc:
             fail(str(exc))
         finally:
             train_module.PROGRESS_HOOKS.clear()
