@@ -86,3 +86,23 @@ def pytest_runtest_makereport(item, call):
 def pytest_unconfigure(config):
     """Remove the session's own stores."""
     shutil.rmtree(TEST_STORES, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _prefect_test_server():
+    """The session's Prefect test server (tests/prefect_shared.py), started by the first module that asks."""
+    from prefect_shared import start_server
+
+    server, db_url = start_server()
+    yield server, db_url
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def prefect_api(_prefect_test_server):
+    """Flows of this module (in process, or `dapo` subprocesses given this URL) report to the session's test
+    server; its API URL. Modules that do not ask never see it."""
+    from prefect_shared import entered
+
+    with entered(*_prefect_test_server) as url:
+        yield url

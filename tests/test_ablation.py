@@ -307,8 +307,8 @@ TINY = [
 
 
 def run_quick_ablation(tmp_path, monkeypatch, options: list[str]) -> None:
-    """``dapo ablation --quick OPTIONS`` on the TINY settings in ``tmp_path`` (own MLflow store, Prefect harness)."""
-    from prefect.testing.utilities import prefect_test_harness
+    """``dapo ablation --quick OPTIONS`` on the TINY settings in ``tmp_path`` (own MLflow store; the caller asks
+    for the session's Prefect test server, ``prefect_api``)."""
     from typer.testing import CliRunner
 
     from flows.cli import app
@@ -318,13 +318,12 @@ def run_quick_ablation(tmp_path, monkeypatch, options: list[str]) -> None:
     args = ["ablation", "--quick", *options]
     for item in [*TINY, *store]:
         args += ["--set", item]
-    with prefect_test_harness(server_startup_timeout=120):
-        result = CliRunner().invoke(app, args)
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
 
 
 @pytest.mark.slow
-def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
+def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
     import train_fixtures  # noqa: F401  (registers the test rewards)
     from mlflow.tracking import MlflowClient
 
@@ -374,7 +373,7 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch):
+def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch, prefect_api):
     """DAPO's successors beside the ladder (issue 17): each rung trains with its objective, one report named
     successors, the dr-grpo and gspo runs carrying their settings in MLflow."""
     import train_fixtures  # noqa: F401  (registers the test rewards)

@@ -9,7 +9,6 @@ import pytest
 import torch
 import typer
 from mlflow.tracking import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 from typer.testing import CliRunner
 
 from dapo_core.config import load_config
@@ -211,9 +210,9 @@ def test_target_setting_is_checked() -> None:
 
 # ------------------------------------------------------------------------------------------------ flow
 @pytest.fixture(scope="module")
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 def write_curated(root) -> str:

@@ -15,8 +15,6 @@ import pytest
 import yaml
 from conftest_data import REPO
 from mlflow.tracking import MlflowClient
-from prefect.settings import get_current_settings
-from prefect.testing.utilities import prefect_test_harness
 
 from dapo_core.data.loaders import file_md5
 from dapo_core.data.schema import read_rl_parquet
@@ -38,13 +36,6 @@ def _set_val_size(repo: Path, value: int) -> None:
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["curation"]["val_size"] = value
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    """One Prefect server for all the `dapo` subprocesses (else each starts its own: ~10 s apiece)."""
-    with prefect_test_harness(server_startup_timeout=120):
-        yield get_current_settings().api.url
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import typer
 import yaml
 from conftest_data import REPO
 from mlflow.tracking import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 from typer.testing import CliRunner
 
 from dapo_core.data.loaders import file_md5
@@ -24,9 +23,9 @@ pytestmark = pytest.mark.slow  # a Prefect server start-up (~10-20 s on 2 busy c
 
 
 @pytest.fixture(scope="module")
-def prefect():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import pytest
 import typer
 from _tiny import tiny_model_dir
 from mlflow.tracking import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 from typer.testing import CliRunner
 
 from dapo_core.config import load_config
@@ -28,9 +27,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 @pytest.fixture(scope="module")

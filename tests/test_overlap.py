@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from prefect.testing.utilities import prefect_test_harness
 from train_fixtures import make_train_cfg
 from train_fixtures import metric_history as history
 from train_fixtures import run_train as run
@@ -25,9 +24,9 @@ OFF = "rollout.mode=one_step_off"
 
 
 @pytest.fixture(scope="module")
-def harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 def test_the_knobs_and_their_checks():

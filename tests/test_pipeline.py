@@ -7,7 +7,6 @@ import json
 import pytest
 import train_fixtures  # noqa: F401  (registers the test rewards)
 from mlflow.tracking import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 
 from dapo_core.config import dump_yaml, load_config
 from flows.pipeline import pipeline_flow
@@ -43,7 +42,7 @@ SHORT = [
 ]
 
 
-def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch):
+def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch, prefect_api):
     monkeypatch.chdir(tmp_path)  # the pipeline writes data/, outputs/, metrics/ relative to the project
     cfg = load_config(
         recipe="tiny-dapo",
@@ -51,8 +50,7 @@ def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch):
         env={},
     )
     (tmp_path / "params.yaml").write_text(dump_yaml(cfg))
-    with prefect_test_harness(server_startup_timeout=120):
-        summary = pipeline_flow(config_path="params.yaml", dvc_commit=False)
+    summary = pipeline_flow(config_path="params.yaml", dvc_commit=False)
 
     client = MlflowClient()
     parent = summary["parent_run_id"]

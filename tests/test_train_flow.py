@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
-from prefect.testing.utilities import prefect_test_harness
 from train_fixtures import make_train_cfg
 from train_fixtures import metric_history as history
 from train_fixtures import run_train as run
@@ -17,9 +16,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 def test_three_steps_log_every_metric_and_checkpoint(tmp_path):

@@ -1,27 +1,32 @@
 """Bad input through `dapo train`: a missing model, unreadable or wrong-schema data, an empty training set, a full
-disk while writing a checkpoint. Each ends in one clear error line (what, where, how to fix; exit 2), and
-nothing already produced is lost. Bad config values, unknown recipes and malformed overrides: tests/test_cli.py."""
+disk while writing a checkpoint; through `dapo curate`: a source file changed while the curation reads it or works
+on it. Each ends in one clear error line (what, where, how to fix; exit 2), and nothing already produced is lost.
+Bad config values, unknown recipes and malformed overrides: tests/test_cli.py."""
 
 from __future__ import annotations
 
 import errno
+import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
+import yaml
 from train_fixtures import make_train_cfg
 from typer.testing import CliRunner
 
 from dapo_core.config import dump_yaml
+from dapo_core.data.loaders import SourceSpec, get_loader, register_loader
 from dapo_core.engines.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 def train(cfg, root, *args):
@@ -86,3 +91,51 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
     resumed = train(cfg, tmp_path, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert [s for s, _ in list_checkpoints(root)] == [2, 4]
+
+
+# ---- a source file changed under a running curation ----
+
+TOUCHED: list[str] = []  # files the "test-touching" loader appends a line to, right after it has read its own
+
+
+@register_loader("test-touching")
+def _touching_jsonl(spec: SourceSpec):
+    """Reads a jsonl source like the real loader, then another writer appends a problem to each file in TOUCHED."""
+    rows = get_loader("jsonl")(spec)
+    for path in TOUCHED:
+        with open(path, "a") as f:
+            f.write(json.dumps({"problem": "Q: 1 + 1", "answer": "2"}) + "\n")
+    return rows
+
+
+def _curate(root, sources, out="curated"):
+    from flows.cli import app
+
+    problems = [{"problem": f"Q: {i} + {i}", "answer": str(2 * i)} for i in range(60)]
+    for name, _ in sources:
+        part = problems[:30] if name == "a.jsonl" else problems[30:]
+        (root / name).write_text("".join(json.dumps(p) + "\n" for p in part))
+    cfg = yaml.safe_load((REPO / "params.yaml").read_text())  # the default (tiny) config, these sources
+    cfg["curation"] = {"sources": [{"path": str(root / n), "format": f} for n, f in sources], "val_size": 5}
+    (root / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    args = ["curate", "--config", str(root / "cfg.yaml"), "--no-track", "--output-dir", str(root / out)]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("when", ["while it was being read", "after it was read"])
+def test_a_source_changed_under_a_running_curation_is_refused_and_keeps_the_last_output(tmp_path, when):
+    TOUCHED.clear()
+    done = _curate(tmp_path, [("a.jsonl", "jsonl"), ("b.jsonl", "jsonl")])
+    assert done.exit_code == 0, done.output
+    before = {p.name: p.read_bytes() for p in (tmp_path / "curated").iterdir()}
+    assert {"train.parquet", "val.parquet", "card.json", "card.md"} <= before.keys()
+
+    # b's loader writes to b itself (during its own read), or to a (read before it: a changes mid-curation)
+    changed = tmp_path / ("b.jsonl" if when.startswith("while") else "a.jsonl")
+    TOUCHED.append(str(changed))
+    try:
+        again = _curate(tmp_path, [("a.jsonl", "jsonl"), ("b.jsonl", "test-touching")])
+    finally:
+        TOUCHED.clear()
+    _clear_error(again, str(changed), f"changed {when}", "Nothing was written", "again")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "curated").iterdir()} == before  # the last output, whole

@@ -56,7 +56,7 @@ def _alive(pid: int, started: float) -> bool:
 
 
 def test_sigkill_leaves_no_orphan_and_resume_marks_the_killed_flow_run_crashed(tmp_path):
-    cfg = make_train_cfg(tmp_path, "trainer.total_steps=10", "trainer.save_freq=1", "trainer.test_freq=0",
+    cfg = make_train_cfg(tmp_path, "trainer.total_steps=4", "trainer.save_freq=1", "trainer.test_freq=0",
                          "trainer.val_before_train=false")  # fmt: skip
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(dump_yaml(cfg))
@@ -96,7 +96,7 @@ def test_sigkill_leaves_no_orphan_and_resume_marks_the_killed_flow_run_crashed(t
     run = client.search_runs(
         [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id], "attributes.run_name = 't'"
     )[0]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/step")] == list(range(1, 11))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/step")] == list(range(1, 5))
     killed_id, new_id = run.data.tags["prefect.resumed_flow_run_id"], run.data.tags["prefect.flow_run_id"]
     assert killed_id != new_id
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from prefect.testing.utilities import prefect_test_harness
 from train_fixtures import make_train_cfg
 from train_fixtures import metric_history as history
 from train_fixtures import run_train as run
@@ -21,9 +20,9 @@ EPOCH = ("data.train_batch_size=4", "data.gen_batch_size=4", "algorithm.dynamic_
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+def prefect_harness(prefect_api):
+    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    return prefect_api
 
 
 def _weights(path):
