@@ -244,5 +244,21 @@ def test_metric_names_are_valid_mlflow_keys_and_unique():
     assert mn.val_metric("math_dapo", "mean", 32) == "val/math_dapo/acc/mean_at_32"
     with pytest.raises(ValueError, match="valid phases"):
         mn.timing("coffee")
-    with pytest.raises(ValueError, match="invalid MLflow key"):
-        mn.val_metric("aime@24", "pass", 4)
+    assert mn.val_metric("aime 2024:v1", "pass", 4) == "val/aime 2024:v1/acc/pass_at_4"  # valid names kept
+
+
+@given(st.lists(st.text(max_size=300), min_size=2, max_size=4, unique=True))
+def test_any_data_source_names_give_valid_distinct_mlflow_keys(names):
+    from mlflow.utils.validation import MAX_ENTITY_KEY_LENGTH, path_not_unique, validate_param_and_metric_name
+
+    from dapo_core.evaluation.runner import val_key
+
+    acc = [mn.val_metric(n, "maj", 16) for n in names]
+    other = [val_key(n, "reflection_rate") for n in names]
+    for key in acc + other:  # MLflow's own checks: characters, length, no name that resolves to another path
+        assert validate_param_and_metric_name(key) and not path_not_unique(key), key
+        assert len(key) <= MAX_ENTITY_KEY_LENGTH and mn.is_valid_mlflow_key(key), key
+    assert all(k.count("/") == 3 for k in acc) and all(k.count("/") == 2 for k in other)  # the name is one level
+    assert len(set(acc)) == len(acc) and len(set(other)) == len(other)  # distinct sources stay distinct
+    assert mn.val_metric("aime@24", "pass", 4).startswith("val/aime_24-")
+    assert mn.val_metric("lighteval/MATH", "pass", 4).startswith("val/lighteval_MATH-")

@@ -58,3 +58,18 @@ def test_resume_same_run_and_failed_status(cfg):
 def test_no_active_run_is_a_clear_error():
     with pytest.raises(RuntimeError, match="no active MLflow run"):
         tracking.log_metrics({"a": 1.0}, step=0)
+
+
+def test_validation_metrics_of_any_data_source_name_reach_mlflow(cfg):
+    """Data source names come from the data (any text): their validation keys are accepted by a real store."""
+    from dapo_core.algorithm.metric_names import val_metric
+    from dapo_core.evaluation.runner import val_key
+
+    sources = ["math_dapo", "aime@24", "lighteval/MATH", "../x", " ", "数学 (hard)!", "a" * 400]
+    metrics = {val_metric(s, "mean", 8): i / 10 for i, s in enumerate(sources)}
+    metrics.update({val_key(s, "response_length"): float(i) for i, s in enumerate(sources)})
+    with tracking.start_run(cfg, run_name="sources") as run:
+        tracking.log_metrics(metrics, step=3)
+        rid = run.info.run_id
+    logged = MlflowClient().get_run(rid).data.metrics
+    assert logged == metrics and len(logged) == 2 * len(sources)

@@ -5,6 +5,7 @@ MLflow keys allow only letters, digits, ``_ - . / :`` and space, hence ``mean_at
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # actor/*: the policy update
@@ -98,14 +99,34 @@ def val_metric(data_source: str, kind: str, k: int) -> str:
         raise ValueError(f"unknown validation metric kind {kind!r}; valid: mean, pass, maj")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
-    key = f"val/{data_source}/acc/{kind}_at_{k}"
-    if not is_valid_mlflow_key(key):
-        raise ValueError(f"data source {data_source!r} gives an invalid MLflow key {key!r}")
-    return key
+    return f"val/{key_segment(data_source)}/acc/{kind}_at_{k}"
 
 
 def is_valid_mlflow_key(key: str) -> bool:
     return bool(_MLFLOW_KEY.match(key))
+
+
+_SEGMENT_BAD = re.compile(r"[^A-Za-z0-9_\-. :]")
+_SEGMENT_MAX = 100
+
+
+def key_segment(name: str) -> str:
+    """``name`` (a data source, any text) as one level of an MLflow key.
+
+    A name of ASCII letters, digits and ``_ - . :`` or spaces (not ``.``/``..``, at most 100 characters) is kept
+    as it is; any other name has each other character replaced by ``_`` and gets ``-`` plus 8 hex digits of its
+    hash, so distinct names stay distinct keys: ``aime@24`` -> ``aime_24-<hash>``, ``lighteval/MATH`` ->
+    ``lighteval_MATH-<hash>`` (a slash would add a level)."""
+    kept = (
+        not _SEGMENT_BAD.search(name)
+        and name.strip() not in ("", ".", "..")
+        and name == name.strip()
+        and len(name) <= _SEGMENT_MAX
+    )
+    if kept:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{_SEGMENT_BAD.sub('_', name.strip())[: _SEGMENT_MAX - 9].strip('.')}-{digest}"
 
 
 def training_metric_names() -> list[str]:

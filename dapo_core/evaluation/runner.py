@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dapo_core.algorithm.metric_names import is_valid_mlflow_key, val_metric
+from dapo_core.algorithm.metric_names import key_segment, val_metric
 from dapo_core.data.schema import ProblemRecord
 from dapo_core.engines.rollout.base import RolloutResult, SamplingConfig
 from dapo_core.evaluation.metrics import (
@@ -182,11 +182,9 @@ class EvalReport:
 
 
 def val_key(data_source: str, name: str) -> str:
-    """``val/<data_source>/<name>`` for the non-accuracy validation metrics, checked to be a valid MLflow key."""
-    key = f"val/{data_source}/{name}"
-    if not is_valid_mlflow_key(key):
-        raise ValueError(f"data source {data_source!r} gives an invalid MLflow key {key!r}: rename the data source")
-    return key
+    """``val/<data_source>/<name>`` for the non-accuracy validation metrics (any data source name gives a valid
+    MLflow key: ``metric_names.key_segment``)."""
+    return f"val/{key_segment(data_source)}/{name}"
 
 
 def _problem_result(
