@@ -16,7 +16,8 @@ from train_fixtures import make_train_cfg
 from typer.testing import CliRunner
 
 from dapo_core.config import dump_yaml
-from dapo_core.data.loaders import SourceSpec, get_loader, register_loader
+from dapo_core.data import loaders
+from dapo_core.data.loaders import SourceSpec, get_loader
 from dapo_core.engines.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,6 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, m
 TOUCHED: list[str] = []  # files the "test-touching" loader appends a line to, right after it has read its own
 
 
-@register_loader("test-touching")
 def _touching_jsonl(spec: SourceSpec):
     """Reads a jsonl source like the real loader, then another writer appends a problem to each file in TOUCHED."""
     rows = get_loader("jsonl")(spec)
@@ -123,7 +123,8 @@ def _curate(root, sources, out="curated"):
 
 
 @pytest.mark.parametrize("when", ["while it was being read", "after it was read"])
-def test_a_source_changed_under_a_running_curation_is_refused_and_keeps_the_last_output(tmp_path, when):
+def test_a_source_changed_under_a_running_curation_is_refused_and_keeps_the_last_output(tmp_path, when, monkeypatch):
+    monkeypatch.setitem(loaders._LOADERS, "test-touching", _touching_jsonl)  # for this test only
     TOUCHED.clear()
     done = _curate(tmp_path, [("a.jsonl", "jsonl"), ("b.jsonl", "jsonl")])
     assert done.exit_code == 0, done.output
