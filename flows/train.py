@@ -119,7 +119,7 @@ def run_training(
     out_dir = Path(cfg.trainer.output_dir) / run_name
     ckpt_root = out_dir / "checkpoints"
     resume_from = _resume_state(ckpt_root, resume, cfg, force)
-    if resume_from is not None and resume_from["step"] >= cfg.trainer.total_steps and (out_dir / "final").is_dir():
+    if _finished(resume_from, cfg, out_dir):
         plog.info(
             "--resume: %s already finished (checkpoint %s at step %d of %d, final model %s): nothing to do",
             run_name, resume_from["path"], resume_from["step"], cfg.trainer.total_steps, out_dir / "final",
@@ -214,6 +214,16 @@ def run_training(
         executor.shutdown()
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
+
+
+def _finished(resume_from: dict[str, Any] | None, cfg: DapoConfig, out_dir: Path) -> bool:
+    """A resume of a run that has nothing left: every step checkpointed, the final model written, and its MLflow
+    run ended FINISHED. A kill after the final export but before the model's registration and the run's end leaves
+    the run RUNNING: that resume runs no step and does the rest."""
+    if resume_from is None or resume_from["step"] < cfg.trainer.total_steps or not (out_dir / "final").is_dir():
+        return False
+    status = tracking.run_status(cfg, resume_from["meta"].get("mlflow_run_id"))
+    return status in (None, "FINISHED")  # None: no such run in the store (nothing to finish there)
 
 
 def _train_step(

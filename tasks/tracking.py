@@ -348,6 +348,17 @@ def run_tag(cfg: DapoConfig, run_id: str, key: str) -> str | None:
         return None
 
 
+def run_status(cfg: DapoConfig, run_id: str | None) -> str | None:
+    """A run's status (``RUNNING``, ``FINISHED``, ``FAILED``, ``KILLED``); None when there is no such run."""
+    if not run_id:
+        return None
+    configure_mlflow(cfg)
+    try:
+        return str(MlflowClient().get_run(run_id).info.status)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
 def run_exists(cfg: DapoConfig, run_id: str | None) -> bool:
     """Whether ``run_id`` is a live (not deleted) run of the configured store."""
     if not run_id:

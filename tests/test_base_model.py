@@ -211,7 +211,7 @@ def test_target_setting_is_checked() -> None:
 # ------------------------------------------------------------------------------------------------ flow
 @pytest.fixture(scope="module")
 def prefect_harness(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 

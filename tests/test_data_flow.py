@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow  # a Prefect server start-up (~10-20 s on 2 busy c
 
 @pytest.fixture(scope="module")
 def prefect(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 

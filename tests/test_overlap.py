@@ -25,7 +25,7 @@ OFF = "rollout.mode=one_step_off"
 
 @pytest.fixture(scope="module")
 def harness(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 

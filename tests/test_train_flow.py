@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 

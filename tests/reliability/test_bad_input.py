@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 

@@ -1,6 +1,6 @@
 """Resume at the edges users of RL libraries hit: a checkpoint exactly on an epoch boundary of the prompt sampler, a
-resume with a changed config (refused, the keys named, unless --force), and a resume of a run that already
-finished (says so, does nothing)."""
+resume with a changed config (refused, the keys named, unless --force), a resume of a run that already finished
+(says so, does nothing), and of one killed after its final model but before its end (finishes it)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ EPOCH = ("data.train_batch_size=4", "data.gen_batch_size=4", "algorithm.dynamic_
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness(prefect_api):
-    """The session\'s Prefect test server for this module (tests/prefect_shared.py)."""
+    """The session's Prefect test server for this module (tests/prefect_shared.py)."""
     return prefect_api
 
 
@@ -105,3 +105,20 @@ def test_resume_of_a_finished_run_says_so_and_does_nothing(tmp_path):
     assert again["already_finished"] is True and again["run_id"] == done["run_id"]
     assert final.stat().st_mtime_ns == mtime  # nothing rewritten
     assert [s for s, _ in history(done["run_id"], "train/step")] == [1, 2]  # nothing logged twice
+
+
+def test_resume_after_a_kill_between_the_final_model_and_the_run_end_finishes_the_run(tmp_path):
+    """Killed after writing final/ but before registering the model and ending the MLflow run: the run is still
+    RUNNING, so `--resume` is not "already finished": it runs no step, registers the model and ends the run."""
+    from mlflow.tracking import MlflowClient
+
+    cfg = make_train_cfg(tmp_path, *EPOCH, "trainer.total_steps=2", "trainer.save_freq=1", "trainer.test_freq=0")
+    done = run(cfg, tmp_path)
+    client = MlflowClient()  # the store the run used ($MLFLOW_TRACKING_URI beats the file's tracking.uri)
+    client.update_run(done["run_id"], status="RUNNING")  # what the kill leaves in the store
+    again = run(cfg, tmp_path, resume=True)
+    assert not again.get("already_finished") and again["run_id"] == done["run_id"]
+    assert client.get_run(done["run_id"]).info.status == "FINISHED"
+    assert again["registered_model"] is not None and (tmp_path / "outputs" / "t" / "final").is_dir()
+    assert [s for s, _ in history(done["run_id"], "train/step")] == [1, 2]  # no step run or logged twice
+    assert run(cfg, tmp_path, resume=True)["already_finished"] is True  # and now it is finished
