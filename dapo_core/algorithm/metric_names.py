@@ -117,13 +117,7 @@ def key_segment(name: str) -> str:
     as it is; any other name has each other character replaced by ``_`` and gets ``-`` plus 8 hex digits of its
     hash, so distinct names stay distinct keys: ``aime@24`` -> ``aime_24-<hash>``, ``lighteval/MATH`` ->
     ``lighteval_MATH-<hash>`` (a slash would add a level)."""
-    kept = (
-        not _SEGMENT_BAD.search(name)
-        and name.strip() not in ("", ".", "..")
-        and name == name.strip()
-        and len(name) <= _SEGMENT_MAX
-    )
-    if kept:
+    if not _SEGMENT_BAD.search(name) and name == name.strip() and name not in ("", ".", "..") and len(name) <= _SEGMENT_MAX:  # fmt: skip
         return name
     digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
     return f"{_SEGMENT_BAD.sub('_', name.strip())[: _SEGMENT_MAX - 9].strip('.')}-{digest}"
