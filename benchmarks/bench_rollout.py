@@ -6,7 +6,9 @@
 Both sides sample at temperature 1.0 with no top-k/top-p, ``max_new_tokens`` new tokens, micro-batches of the same
 number of rows, on the default tiny Qwen2 (~1M parameters, random init: lengths vary because EOS is sampled
 now and then). Throughput counts response tokens up to and including EOS, per second of wall time (best of
-``--repeats`` after one warm-up). The backend's extras — per-row seeded Gumbel sampling, length bucketing, result
+``--repeats`` rounds after one warm-up). Every round times each row once, alternating the order, and a ratio is
+the median over rounds of the ratio within a round (the machine's speed drifts by ~30% between minutes, so ratios of
+best-ofs measured minutes apart mislead). The backend's extras — per-row seeded Gumbel sampling, length bucketing, result
 objects and (one column) raw log-probs — are what the ratio measures; the goal is >= 0.9x the bare loop.
 
 Where vLLM is installed (``.venv-vllm/bin/python -m benchmarks.bench_rollout``: vLLM 0.32's CPU build) the same
@@ -27,6 +29,7 @@ import argparse
 import json
 import platform
 import random
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +98,25 @@ def _best_rate(fn: Callable[[], int], repeats: int) -> tuple[float, int]:
         tokens = fn()
         best = max(best, tokens / (time.perf_counter() - t0))
     return best, tokens
+
+
+def _interleaved(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, list[tuple[float, int]]]:
+    """(tokens/s, tokens) of each function in each of ``repeats`` rounds; every round runs each function once, in
+    alternating order, so a ratio taken within a round compares runs seconds apart (the machine's speed drifts)."""
+    for fn in fns.values():
+        fn()  # warm-up
+    rounds: dict[str, list[tuple[float, int]]] = {name: [] for name in fns}
+    names = list(fns)
+    for i in range(repeats):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            tokens = fns[name]()
+            rounds[name].append((tokens / (time.perf_counter() - t0), tokens))
+    return rounds
+
+
+def _median_ratio(rounds: dict[str, list[tuple[float, int]]], num: str, den: str) -> float:
+    return statistics.median(a[0] / b[0] for a, b in zip(rounds[num], rounds[den], strict=True))
 
 
 def vllm_results(model, tokenizer, cases: list[tuple[str, int, int, int]], repeats: int) -> dict | None:
@@ -213,13 +235,17 @@ def _case(
         sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=log_probs)
         return sum(r.response_length for r in engine.generate(prompts, sampling))
 
-    bare, bare_tokens = _best_rate(
-        lambda prompts=prompts, n=n, new=new, r=case_rows: bare_generate(model, tokenizer, prompts, n, new, r),
+    rounds = _interleaved(
+        {
+            "bare": lambda: bare_generate(model, tokenizer, prompts, n, new, case_rows),
+            "hf": lambda: hf(False),
+            "hf_lp": lambda: hf(True),
+            "static": lambda: hf(True, static),
+        },
         repeats,
     )
-    ours, ours_tokens = _best_rate(lambda: hf(False), repeats)
-    ours_lp, _ = _best_rate(lambda: hf(True), repeats)
-    fast_lp, fast_tokens = _best_rate(lambda: hf(True, static), repeats)
+    (bare, bare_tokens), (ours, ours_tokens) = max(rounds["bare"]), max(rounds["hf"])
+    ours_lp, (fast_lp, fast_tokens) = max(rounds["hf_lp"])[0], max(rounds["static"])
     sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
     same = [r.response_ids for r in backend.generate(prompts, sampling)] == [
         r.response_ids for r in static.generate(prompts, sampling)
@@ -236,15 +262,22 @@ def _case(
         "hf_tokens_per_s": round(ours, 1),
         "hf_logprobs_tokens_per_s": round(ours_lp, 1),
         "static_logprobs_tokens_per_s": round(fast_lp, 1),
-        "ratio": round(ours / bare, 3),
-        "ratio_logprobs": round(ours_lp / bare, 3),
-        "static_vs_generate": round(fast_lp / ours_lp, 3),
+        "ratio": round(_median_ratio(rounds, "hf", "bare"), 3),
+        "ratio_logprobs": round(_median_ratio(rounds, "hf_lp", "bare"), 3),
+        "static_vs_generate": round(_median_ratio(rounds, "static", "hf_lp"), 3),
+        "static_vs_generate_rounds": sorted(
+            round(a[0] / b[0], 3) for a, b in zip(rounds["static"], rounds["hf_lp"], strict=True)
+        ),
         "static_same_tokens": same,
         "arithmetic_bound_tokens_per_s": round(bound, 1),
         "static_of_bound": round(fast_lp / bound, 3),
         "bare_tokens": bare_tokens,
         "hf_tokens": ours_tokens,
     }
+
+
+def _span(values: list[float] | None) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}x" if values else "one round"
 
 
 def markdown(report: dict) -> str:
@@ -262,13 +295,14 @@ def markdown(report: dict) -> str:
         f"`rollout.hf_decode: static` (log-probs on) vs generate (log-probs on); arithmetic bound at "
         f"{report['matmul_gflops']} GFLOP/s:",
         "",
-        "| case | generate tok/s | static tok/s | speed-up | same tokens | bound tok/s | static / bound |",
+        "| case | generate tok/s | static tok/s | speed-up (rounds) | same tokens | bound tok/s | static / bound |",
         "|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in report["results"]:
         lines.append(
             f"| {r['case']} | {r['hf_logprobs_tokens_per_s']:.0f} | {r['static_logprobs_tokens_per_s']:.0f} "
-            f"| {r['static_vs_generate']:.2f}x | {'yes' if r['static_same_tokens'] else 'NO'} "
+            f"| {r['static_vs_generate']:.2f}x ({_span(r.get('static_vs_generate_rounds'))}) "
+            f"| {'yes' if r['static_same_tokens'] else 'NO'} "
             f"| {r['arithmetic_bound_tokens_per_s']:.0f} | {r['static_of_bound']:.0%} |"
         )
     v = report.get("vllm_cpu")
@@ -289,7 +323,7 @@ def markdown(report: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (best is kept)")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds; each times every row once (tok/s: best)")
     parser.add_argument("--rows", type=int, default=64, help="rows (prompt x sample) per generate call")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON report")
@@ -302,7 +336,7 @@ def main() -> None:
     tmp.write_text(json.dumps(report, indent=2) + "\n")
     tmp.replace(args.out)
     note = (
-        f"Rollout throughput, tokens/s (best of {report['repeats']}; torch threads {report['threads']}; "
+        f"Rollout throughput, tokens/s (best of {report['repeats']} rounds; ratios: median of the per-round ratios; torch threads {report['threads']}; "
         f"{report['machine']}, torch {report['torch']}, transformers {report['transformers']}). Written by "
         "`python -m benchmarks.bench_rollout` (from `.venv-vllm` for the vLLM rows).\n\n"
     )

@@ -143,3 +143,42 @@ def test_config_knob_selects_the_loop(tok) -> None:
     )
     with pytest.raises(ValueError, match="hf_decode"):
         load_config(recipe="tiny-dapo", overrides=["rollout.hf_decode=turbo"])
+
+
+def test_float64_matches_generate(tok, prompts) -> None:
+    """float64 takes the complex RoPE in double precision."""
+    model = eos_prone_model(tok, seed=6).to(torch.float64)
+    assert_parity(run(model, tok, prompts, "generate"), run(model, tok, prompts, "static"), atol=1e-6)
+
+
+def test_bfloat16_follows_generate(tok, prompts) -> None:
+    """bfloat16 takes the real-arithmetic pair rotation. generate's SDPA and this loop's GEMMs round differently in
+    bfloat16 (the old loop too: 25-28 of 28 responses equal, log-probs within 0.04), so: most responses equal and
+    their log-probs close; a wrong rotation or mask changes nearly every response."""
+    model = eos_prone_model(tok, seed=6).to(torch.bfloat16)
+    ref, got = run(model, tok, prompts, "generate"), run(model, tok, prompts, "static")
+    same = [(a, b) for a, b in zip(ref, got, strict=True) if a.response_ids == b.response_ids]
+    assert len(same) >= 0.85 * len(ref)
+    for a, b in same:
+        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=0.08, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_pair_order_rope_is_transformers_rope(dtype) -> None:
+    """The loop's RoPE (q/k rows in pair order, one complex or real pair rotation) gives transformers' RoPE of the
+    same vectors, up to that reordering of each head's coordinates."""
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    model = build_tiny_qwen2(build_char_tokenizer(DEFAULT_ALPHABET), seed=0, **TINY).to(dtype)
+    head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    positions = torch.arange(40)[None]  # (1, S)
+    cos, sin = model.model.rotary_emb(model.model.embed_tokens.weight[:1][None], positions)  # (1, S, D)
+    q = torch.randn(1, 3, 40, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)  # (1, heads, S, D)
+    expected, _ = apply_rotary_pos_emb(q, q, cos, sin)  # (1, heads, S, D)
+    rot = static_decode._rotation_table(cos[0], sin[0])  # (S, D/2)
+    pairs = static_decode._pair_order(q[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T  # (S*3, D)
+    got = static_decode._rotate_pairs(pairs.contiguous().view(40, 3, head_dim // 2, 2), rot[:, None])  # (S, 3, D)
+    ordered = static_decode._pair_order(expected[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T
+    tol = {torch.float32: 1e-6, torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
+    assert torch.allclose(got.reshape(40 * 3, head_dim).double(), ordered.double(), atol=tol, rtol=0)
+    assert not torch.allclose(got.reshape(40 * 3, head_dim).double(), pairs.double(), atol=tol, rtol=0)  # it rotates

@@ -8,8 +8,13 @@ syncs and in-place updates are seen at once; only the fused q/k/v and gate/up ma
 - the KV cache is preallocated once per call: per layer ``(b, H_kv, P + T, D)`` for keys and values, and step t
   writes slot ``P + t``; attention reads the view ``[:, :, :P + t + 1]`` (no concatenation, no reallocation);
 - rotary cos/sin are computed once per call for every position the call can reach, with the model's own rotary
-  module (the same floats generate uses), and gathered per step;
-- the padding mask is built once: left-padded prompt slots are masked, generated slots never are;
+  module (the same floats generate uses), kept as one complex table and gathered per step; the q/k weight rows
+  are put in RoPE's pair order and q's are pre-scaled by 1/sqrt(D) once per call, so a step's RoPE is one complex
+  multiply of all q and k heads and its scores need no scaling (``_Layer``);
+- the padding mask is built once as an additive bias (0 / -inf per key slot; left-padded prompt slots are masked,
+  generated slots never are) that the score GEMM adds (``baddbmm``);
+- the distinct prompts are prefilled once and their cache slots copied to each sample's row; when finished rows
+  are dropped (``_COMPACT_AT``) only the slots written so far are copied;
 - the next-token logits go to a ``choose(step, logits) -> tokens`` callback (``SeededSampler.choose``: the same
   per-row Gumbel streams, temperature, top-k/top-p and log-prob record as the generate path), and finished rows
   are fed the pad token, as generate does.
@@ -66,24 +71,39 @@ def check_supported(model: nn.Module) -> None:
 
 def _rms_norm(norm: Any, x: Tensor) -> Tensor:
     """Qwen2RMSNorm / LlamaRMSNorm: in float32, then back to the input dtype, times the weight."""
-    dtype = x.dtype
+    if x.dtype == torch.float32:  # one fused kernel, the same floats as the module's five ops
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * x32.to(dtype)
+    return norm.weight * x32.to(x.dtype)
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _pair_order(rows: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """Reorder each head's output rows of a q/k projection from RoPE's halves (x_0..x_{D/2-1}, x_{D/2}..x_{D-1})
+    to pairs (x_0, x_{D/2}, x_1, x_{D/2+1}, ...), so a complex view pairs the two coordinates RoPE rotates
+    together. q and k get the same order, so q . k (the only use of either) is the same sum."""
+    half = head_dim // 2
+    order = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).flatten()  # (D,)
+    return rows.unflatten(0, (n_heads, head_dim))[:, order].flatten(0, 1)
 
 
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x (b, H, s, D); cos, sin (b, 1, s, D)
-    return x * cos + _rotate_half(x) * sin
+def _rotate_pairs(pairs: Tensor, rot: Tensor) -> Tensor:
+    """RoPE in pair order: ``pairs`` (..., n, D/2, 2) as complex numbers times ``rot`` (..., 1, D/2) complex;
+    returns (..., n, D). float32/64: one complex multiply; other dtypes: the same products in real arithmetic."""
+    if pairs.dtype in (torch.float32, torch.float64):
+        complex_dtype = torch.complex128 if pairs.dtype == torch.float64 else torch.complex64
+        return torch.view_as_real(torch.view_as_complex(pairs) * rot.to(complex_dtype)).flatten(-2)
+    cos, sin = rot.real.to(pairs.dtype), rot.imag.to(pairs.dtype)
+    x, y = pairs[..., 0], pairs[..., 1]  # the coordinates i and i + D/2 of RoPE's halves
+    return torch.stack([x * cos - y * sin, y * cos + x * sin], dim=-1).flatten(-2)
 
 
 class _Layer:
-    """One decoder layer's weights, read from the live module (the fused q/k/v and gate/up matrices: copies)."""
+    """One decoder layer's weights, read from the live module (the fused q/k/v and gate/up matrices: copies).
+
+    Per call, the q rows are pre-multiplied by the softmax scale and the q/k rows put in RoPE's pair order
+    (``_pair_order``): RoPE is then one complex multiply of q and k together, and the scores need no scaling.
+    """
 
     def __init__(self, layer: Any, head_dim: int) -> None:
         attn: Any = layer.self_attn
@@ -91,50 +111,76 @@ class _Layer:
         self.ln1, self.ln2 = layer.input_layernorm, layer.post_attention_layernorm
         q, k, v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
         self.down, self.act = mlp.down_proj, mlp.act_fn
-        # one GEMM for q, k, v and one for gate, up (fewer, larger calls; copies of the weights for this call only)
-        self.qkv_weight = torch.cat([q.weight, k.weight, v.weight])  # (H*D + 2*Hkv*D, d)
+        self.head_dim = head_dim
+        scaling = float(getattr(attn, "scaling", head_dim**-0.5))
+        self.n_heads, self.n_kv = q.weight.shape[0] // head_dim, k.weight.shape[0] // head_dim
         biases = [q.bias, k.bias, v.bias]
-        self.qkv_bias = torch.cat(biases) if all(b is not None for b in biases) else None
-        self.qkv_split = [q.weight.shape[0], k.weight.shape[0], v.weight.shape[0]]
-        if any(b is not None for b in biases) and self.qkv_bias is None:
+        if any(b is not None for b in biases) and not all(b is not None for b in biases):
             raise ValueError("q/k/v projections with biases on some but not all: not a Qwen2/Llama layer")
+        # one GEMM for q, k, v and one for gate, up (fewer, larger calls; copies of the weights for this call only)
+        self.qkv_weight = torch.cat(  # (H*D + 2*Hkv*D, d)
+            [
+                _pair_order(q.weight * scaling, self.n_heads, head_dim),
+                _pair_order(k.weight, self.n_kv, head_dim),
+                v.weight,
+            ]
+        )
+        self.qkv_bias = None
+        if q.bias is not None:
+            self.qkv_bias = torch.cat(
+                [
+                    _pair_order(q.bias * scaling, self.n_heads, head_dim),
+                    _pair_order(k.bias, self.n_kv, head_dim),
+                    v.bias,
+                ]
+            )
         self.gate_up_weight = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # (2*I, d)
         if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
             raise ValueError("MLP projections with biases: not a Qwen2/Llama layer")
-        self.head_dim = head_dim
-        self.scaling = float(getattr(attn, "scaling", head_dim**-0.5))
 
-    def __call__(
-        self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, start: int, mask: Tensor
-    ) -> Tensor:
-        # x (b, s, d); cos/sin (b, 1, s, D); caches (b, H_kv, P+T, D); slots [start, start+s) are written;
-        # mask (b, 1, s, start+s) bool, True = may attend
+    def _qkv(self, x: Tensor, rot: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        # x (..., d); rot (..., 1, D/2) complex: cos + i sin of each position -> q (..., H, D), k and v (..., Hkv, D)
+        qkv = F.linear(_rms_norm(self.ln1, x), self.qkv_weight, self.qkv_bias)  # (..., (H + 2*Hkv) * D)
+        n_qk = (self.n_heads + self.n_kv) * self.head_dim
+        qk = _rotate_pairs(qkv[..., :n_qk].unflatten(-1, (-1, self.head_dim // 2, 2)), rot)  # (..., H+Hkv, D)
+        v = qkv[..., n_qk:].unflatten(-1, (self.n_kv, self.head_dim))  # (..., Hkv, D)
+        return qk[..., : self.n_heads, :], qk[..., self.n_heads :, :], v
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        gate, up = F.linear(_rms_norm(self.ln2, x), self.gate_up_weight).chunk(2, dim=-1)  # (..., I) each
+        return x + F.linear(self.act(gate) * up, self.down.weight, self.down.bias)
+
+    def prefill(self, x: Tensor, rot: Tensor, k_cache: Tensor, v_cache: Tensor, mask: Tensor) -> Tensor:
+        # x (b, s, d); rot (b, s, 1, D/2); caches (b, Hkv, P+T, D): slots [0, s) are written; mask (b, 1, s, s)
         b, s, _ = x.shape
-        h = _rms_norm(self.ln1, x)
-        q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).split(self.qkv_split, dim=-1)
-        q = q.reshape(b, s, -1, self.head_dim).transpose(1, 2)  # (b, H, s, D)
-        k = k.reshape(b, s, -1, self.head_dim).transpose(1, 2)  # (b, Hkv, s, D)
-        v = v.reshape(b, s, -1, self.head_dim).transpose(1, 2)  # (b, Hkv, s, D)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        k_cache[:, :, start : start + s] = k
-        v_cache[:, :, start : start + s] = v
-        keys, values = k_cache[:, :, : start + s], v_cache[:, :, : start + s]  # (b, Hkv, start+s, D) views
-        if s == 1:  # decode: grouped heads as one batched matmul (CPU SDPA is ~10x slower for one query)
-            n_kv = keys.shape[1]
-            qg = q.reshape(b, n_kv, -1, self.head_dim)  # (b, Hkv, g, D): query head h reads kv head h // g
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scaling  # (b, Hkv, g, S)
-            scores = scores.masked_fill(~mask[:, :, 0:1, :], float("-inf"))  # mask (b, 1, 1, S)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # (b, Hkv, g, S)
-            attn = torch.matmul(probs, values).reshape(b, 1, -1)  # (b, 1, H*D)
-        else:
-            attn = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=self.scaling, enable_gqa=keys.shape[1] != q.shape[1]
-            )  # (b, H, s, D)
-            attn = attn.transpose(1, 2).reshape(b, s, -1)  # (b, s, H*D)
-        x = x + F.linear(attn, self.o.weight, self.o.bias)
-        h = _rms_norm(self.ln2, x)
-        gate, up = F.linear(h, self.gate_up_weight).chunk(2, dim=-1)  # (b, s, I) each
-        return x + F.linear(self.act(gate) * up, self.down.weight, self.down.bias)  # (b, s, d)
+        q, k, v = self._qkv(x, rot)  # (b, s, H|Hkv, D)
+        k_cache[:, :, :s] = k.transpose(1, 2)
+        v_cache[:, :, :s] = v.transpose(1, 2)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k_cache[:, :, :s],
+            v_cache[:, :, :s],
+            attn_mask=mask,
+            scale=1.0,
+            enable_gqa=self.n_kv != self.n_heads,
+        )  # (b, H, s, D)
+        x = x + F.linear(attn.transpose(1, 2).reshape(b, s, -1), self.o.weight, self.o.bias)  # (b, s, d)
+        return self._mlp(x)
+
+    def decode(self, x: Tensor, rot: Tensor, k_cache: Tensor, v_cache: Tensor, slot: int, bias: Tensor) -> Tensor:
+        # x (a, d): one new token per row at cache slot `slot`; rot (a, 1, D/2); caches (a, Hkv, P+T, D);
+        # bias (a*Hkv, 1, slot+1): 0 where a key may be read, -inf where not (left-padded prompt slots)
+        a = x.shape[0]
+        q, k, v = self._qkv(x, rot)  # (a, H|Hkv, D)
+        k_cache[:, :, slot] = k
+        v_cache[:, :, slot] = v
+        keys = k_cache[:, :, : slot + 1].flatten(0, 1)  # (a*Hkv, S, D) views
+        values = v_cache[:, :, : slot + 1].flatten(0, 1)
+        # grouped heads: query head h reads kv head h // g, as (a*Hkv, g, D) rows of one batched matmul
+        scores = torch.baddbmm(bias, q.reshape(a * self.n_kv, -1, self.head_dim), keys.transpose(1, 2))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # (a*Hkv, g, S)
+        attn = torch.bmm(probs, values).view(a, -1)  # (a, H*D)
+        return self._mlp(x + F.linear(attn, self.o.weight, self.o.bias))  # (a, d)
 
 
 @torch.inference_mode()
@@ -171,7 +217,7 @@ def decode_static(
     response_pos = real.long().sum(dim=1, keepdim=True) + torch.arange(max_new_tokens, device=device)  # (b, T)
     table = torch.arange(int(response_pos.max()) + 1 if max_new_tokens else width, device=device)[None]  # (1, S)
     cos_table, sin_table = inner.rotary_emb(inner.embed_tokens.weight[:1][None], table)  # (1, S, D) each
-    cos_table, sin_table = cos_table[0], sin_table[0]  # (S, D)
+    rot_table = _rotation_table(cos_table[0], sin_table[0])  # (S, D/2) complex: cos + i sin
 
     # prefill each distinct prompt once (the G samples of a prompt share it), then give every row its copy
     unique, inverse = torch.unique(torch.cat([input_ids, real.long()], dim=1), dim=0, return_inverse=True)
@@ -181,17 +227,18 @@ def decode_static(
     # causal over the prompt, pads masked (a pad query attends to itself only: no all-masked row, no NaN)
     prefill_mask = ((causal[None] & u_real[:, None, :]) | eye[None])[:, None]  # (u, 1, P, P)
     x = inner.embed_tokens(u_ids)  # (u, P, d)
-    cos, sin = cos_table[u_pos][:, None], sin_table[u_pos][:, None]  # (u, 1, P, D)
+    rot = rot_table[u_pos][:, :, None]  # (u, P, 1, D/2)
     keys, values = [], []
     for layer in layers:
         k_u = torch.empty((unique.shape[0], n_kv, total, head_dim), dtype=dtype, device=device)
         v_u = torch.empty_like(k_u)
-        x = layer(x, cos, sin, k_u, v_u, 0, prefill_mask)
-        keys.append(k_u[inverse])  # (b, Hkv, P+T, D)
-        values.append(v_u[inverse])
-    last = x[inverse, -1:]  # (b, 1, d)
-    key_ok = torch.ones((b, total), dtype=torch.bool, device=device)  # (b, P+T): generated slots always attend
-    key_ok[:, :width] = real
+        x = layer.prefill(x, rot, k_u, v_u, prefill_mask)
+        keys.append(_take_rows(k_u, inverse, width))  # (b, Hkv, P+T, D)
+        values.append(_take_rows(v_u, inverse, width))
+    last = x[inverse, -1]  # (b, d)
+    # additive attention bias per key slot: 0 = may attend, -inf = a left-padded prompt slot (generated slots: 0)
+    key_bias = torch.zeros((b, total), dtype=dtype, device=device)  # (b, P+T)
+    key_bias[:, :width].masked_fill_(~real, float("-inf"))
 
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
     out = torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device)  # (b, T)
@@ -199,9 +246,9 @@ def decode_static(
     logits = torch.zeros((b, int(lm_head.weight.shape[0])), dtype=torch.float32, device=device)  # (b, V)
     finished = torch.zeros(b, dtype=torch.bool, device=device)  # (a,) per active row: has emitted an EOS
     steps = 0
-    mask_rows = key_ok  # (a, P+T): key_ok of the active rows (re-gathered after each compaction)
+    bias_rows = key_bias.repeat_interleave(n_kv, dim=0)[:, None]  # (a*Hkv, 1, P+T): per (row, kv head)
     for step in range(max_new_tokens):
-        head = F.linear(_rms_norm(inner.norm, last[:, 0]), lm_head.weight, lm_head.bias).float()  # (a, V)
+        head = F.linear(_rms_norm(inner.norm, last), lm_head.weight, lm_head.bias).float()  # (a, V)
         if active.numel() == b:  # no row dropped yet: no gather / scatter
             token = choose(step, head)
         else:
@@ -219,19 +266,38 @@ def decode_static(
         if n_running <= _COMPACT_AT * active.numel():  # drop finished rows (copies the caches once)
             keep = (~finished).nonzero().squeeze(1)
             active, token, last, finished = active[keep], token[keep], last[keep], finished[keep]
-            keys = [k[keep] for k in keys]
-            values = [v[keep] for v in values]
-            mask_rows = key_ok[active]
+            keys = [_take_rows(k, keep, width + step) for k in keys]  # slots written so far: width + step
+            values = [_take_rows(v, keep, width + step) for v in values]
+            bias_rows = key_bias[active].repeat_interleave(n_kv, dim=0)[:, None]
         slot = width + step
-        x = inner.embed_tokens(token[:, None])  # (a, 1, d)
-        pos = response_pos[active, step]  # (a,)
-        cos, sin = cos_table[pos][:, None, None], sin_table[pos][:, None, None]  # (a, 1, 1, D)
+        x = inner.embed_tokens(token)  # (a, d)
+        rot = rot_table[response_pos[active, step]][:, None]  # (a, 1, D/2)
         # a finished row not yet dropped keeps running on a pad token; its later tokens are overwritten below
-        mask = mask_rows[:, None, None, : slot + 1]  # (a, 1, 1, slot+1)
+        bias = bias_rows[:, :, : slot + 1]  # (a*Hkv, 1, slot+1)
         for i, layer in enumerate(layers):
-            x = layer(x, cos, sin, keys[i], values[i], slot, mask)
+            x = layer.decode(x, rot, keys[i], values[i], slot, bias)
         last = x
     return _pad_after_eos(out[:, :steps], eos, pad_token_id)  # (b, t)
+
+
+def _take_rows(cache: Tensor, rows: Tensor, filled: int) -> Tensor:
+    """A new cache (len(rows), Hkv, P+T, D) holding ``cache``'s rows ``rows``; only the ``filled`` slots written so
+    far are copied (the later ones are written before they are read)."""
+    out = cache.new_empty((rows.numel(), *cache.shape[1:]))
+    torch.index_select(cache[:, :, :filled], 0, rows, out=out[:, :, :filled])
+    return out
+
+
+def _rotation_table(cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE's cos/sin tables (S, D), whose two halves are equal (default RoPE), as one complex table (S, D/2)."""
+    half = cos.shape[-1] // 2
+    if not (torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:])):
+        raise ValueError(
+            "rollout.hf_decode=static: the rotary tables' two halves differ (not the default RoPE layout). "
+            "Set rollout.hf_decode: generate."
+        )
+    real = torch.float64 if cos.dtype == torch.float64 else torch.float32  # bfloat16/half tables: exact in float32
+    return torch.complex(cos[:, :half].to(real), sin[:, :half].to(real))
 
 
 def _first_rows(inverse: Tensor) -> Tensor:
