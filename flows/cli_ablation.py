@@ -19,14 +19,14 @@ def register(app: typer.Typer) -> None:
         recipe: RecipeOpt = None,
         overrides: SetOpt = None,
         regimes: Annotated[
-            str, typer.Option("--regimes", help="Comma-separated: tuned (recipe lr), aggressive (3x lr).")
+            str, typer.Option("--regimes", help="Comma-separated: tuned (recipe lr), aggressive (4x lr).")
         ] = "tuned,aggressive",
         tuned_lr: Annotated[
             float | None, typer.Option("--tuned-lr", help="lr of the tuned regime (default: the recipe's trainer.lr).")
         ] = None,
         aggressive_lr: Annotated[
             float | None,
-            typer.Option("--aggressive-lr", help="lr of the aggressive regime (default: 3x the recipe's)."),
+            typer.Option("--aggressive-lr", help="lr of the aggressive regime (default: 4x the recipe's)."),
         ] = None,
         steps: Annotated[
             int | None,

@@ -242,7 +242,7 @@ def ablation_deployment(
     overrides: list[str] = OVERRIDES,
     regimes: list[str] = Field(["tuned", "aggressive"], description="tuned (the recipe's lr), aggressive (3x)."),
     tuned_lr: float | None = Field(None, description="lr of the tuned regime; empty: the recipe's trainer.lr."),
-    aggressive_lr: float | None = Field(None, description="lr of the aggressive regime; empty: 3x the recipe's."),
+    aggressive_lr: float | None = Field(None, description="lr of the aggressive regime; empty: 4x the recipe's."),
     steps: int | None = Field(None, description="Gradient steps per run; empty: trainer.total_steps (quick: 2)."),
     seeds: int | None = Field(None, description="Seeds 1..N per rung; empty: 3 (quick: 1)."),
     base: str | None = Field(None, description="Base model dir; empty: curate + warm start (reused if current)."),
