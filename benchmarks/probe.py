@@ -2,8 +2,9 @@
 
     python -m benchmarks.probe make                      # outputs/probe/probe.parquet: 200 problems of the warm
                                                          # start's "probe" stream, none in train or val
-    python -m benchmarks.probe run dapo 3e-4 16 [SEED]   # one ablation rung (tiny-dapo ladder) at lr 3e-4 with
-                                                         # ppo_mini_batch_size 16, validated on the probe set
+    python -m benchmarks.probe run dapo 3e-4 16 [SEED] [STEPS]  # one ablation rung (tiny-dapo ladder) at lr 3e-4
+                                                         # with ppo_mini_batch_size 16 (STEPS: default 16),
+                                                         # validated on the probe set
 
 Each run logs to outputs/probe/mlflow.db (run name probe-<rung>-lr<lr>-mb<mini>-s<seed>; its in-training
 validation ``val/synthetic/acc/mean_at_8`` at steps 8 and 16 is the probe avg@8) and writes outputs/probe/<name>.log.
@@ -50,7 +51,7 @@ def run(rung: str, lr: str, mini: str, seed: str = "1", steps: int = 16) -> int:
     ladder = {r.name: r for r in build_ladder(load_config(recipe="tiny-dapo"))}
     if rung not in ladder:
         raise SystemExit(f"unknown rung {rung!r}; valid: {', '.join(ladder)}")
-    name = f"probe-{rung}-lr{lr}-mb{mini}-s{seed}"
+    name = f"probe-{rung}-lr{lr}-mb{mini}-s{seed}" + (f"-t{steps}" if steps != 16 else "")
     sets = [
         *ladder[rung].overrides(), "model.path=outputs/base_model", f"trainer.lr={lr}", f"trainer.seed={seed}",
         f"trainer.ppo_mini_batch_size={mini}", f"trainer.total_steps={steps}", "trainer.test_freq=8",
@@ -67,6 +68,6 @@ if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "make":
         print(make())
     elif len(sys.argv) >= 5 and sys.argv[1] == "run":
-        sys.exit(run(*sys.argv[2:6]))
+        sys.exit(run(*sys.argv[2:6], *[int(a) for a in sys.argv[6:7]]))
     else:
         raise SystemExit(__doc__)
