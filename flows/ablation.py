@@ -42,7 +42,7 @@ from dapo_core.config.ablation import (
     run_overrides,
 )
 from dapo_core.engines.sft import WarmStartConfig
-from dapo_core.engines.sft_control import continue_warm_start
+from dapo_core.engines.sft_control import continue_warm_start, stream_offset
 from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
 from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
 from flows.base_model import base_model_flow, warm_start_settings
@@ -77,12 +77,14 @@ def sft_control(
     exclude: list[str],
     skip_steps: int | None,
     output_dir: str,
+    seed: int = 1,
 ) -> dict[str, Any]:
     """Continue the warm start for ``budget_s`` seconds of ``budget_kind`` ("cpu": this process's CPU time, or
-    "wall"); returns steps, wall and CPU time, last loss, model dir."""
+    "wall") on the demonstrations of ``seed`` (``continue_warm_start``); returns steps, wall and CPU time, last
+    loss, model dir."""
     budget = {"cpu_budget_s": budget_s} if budget_kind == "cpu" else {"time_budget_s": budget_s}
     res = continue_warm_start(
-        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, **budget
+        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, seed=seed, **budget
     )
     return {
         "steps": res.steps, "wall_s": res.wall_s, "cpu_s": res.cpu_s, "final_loss": res.final_loss,
@@ -223,7 +225,7 @@ def _control(
     name = run_name(regime.name, SFT_CONTROL, seed)
     key = fingerprint(
         {"kind": "control", "config": _config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
-         "budget": [round(budget_s, 3), kind], **base["digests"]}
+         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]}
     )  # fmt: skip
     if (done := journal.get(key)) is not None:
         get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
@@ -232,7 +234,7 @@ def _control(
     with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
         res = sft_control(
             cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],
-            skip_steps=base["skip_steps"], output_dir=str(Path(cfg.trainer.output_dir) / name),
+            skip_steps=base["skip_steps"], output_dir=str(Path(cfg.trainer.output_dir) / name), seed=seed,
         )  # fmt: skip
         metrics = {
             f"control/{kind}_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/cpu_s": res["cpu_s"],

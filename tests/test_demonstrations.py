@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from dapo_core.config import load_config
 from dapo_core.engines.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
@@ -84,6 +85,16 @@ def test_control_trains_on_from_the_base_model(tmp_path):
     assert 1 <= half.steps <= 3 and half.cpu_s >= three.cpu_s / 2
     with pytest.raises(ValueError, match=r"cpu_budget_s \(0\) must be > 0"):
         continue_warm_start(cfg, ws, base.output_dir, cpu_budget_s=0)
+    # its seeds train on other batches of the same stream: seed 2 starts one warm-start length (3 batches) further,
+    # the same weights as seed 1 told to skip 6 batches, and not seed 1's
+    weights = {}
+    for name, kwargs in {"s1": {}, "s2": {"seed": 2}, "s1-skip6": {"skip_steps": 6}}.items():
+        continue_warm_start(cfg, ws, base.output_dir, max_steps=2, output_dir=tmp_path / name, **kwargs)
+        weights[name] = load_file(str(tmp_path / name / "model.safetensors"))
+    assert all(torch.equal(weights["s2"][k], weights["s1-skip6"][k]) for k in before)
+    assert any(not torch.equal(weights["s2"][k], weights["s1"][k]) for k in before)
+    with pytest.raises(ValueError, match=r"seed \(0\) must be >= 1"):
+        continue_warm_start(cfg, ws, base.output_dir, max_steps=1, seed=0)
 
 
 def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():

@@ -4,7 +4,8 @@ RL must beat this to matter (``shared/notes/tiny-rl-feasibility.md``): the same 
 on more supervised training instead of DAPO. The control sees exactly the demonstrations the warm start had —
 it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
 task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
-at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up.
+at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks
+where along that stream it continues (``stream_offset``): seed 1 right after the warm start, later seeds further on.
 
     result = continue_warm_start(cfg, ws, "outputs/base_model", time_budget_s=180, exclude=curated_questions)
     result.model  # evaluate it like any policy
@@ -71,6 +72,13 @@ def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[
     return banned
 
 
+def stream_offset(ws: WarmStartConfig, seed: int) -> int:
+    """Batches of the demonstration stream the control of ``seed`` skips beyond the warm start's: one warm-start
+    length per seed after the first (seed 1: 0, so its runs continue the stream exactly where the warm start
+    stopped)."""
+    return (seed - 1) * ws.steps
+
+
 def continue_warm_start(
     cfg: DapoConfig,
     ws: WarmStartConfig,
@@ -82,10 +90,15 @@ def continue_warm_start(
     skip_steps: int | None = None,
     exclude: Collection[str] = (),
     output_dir: str | Path | None = None,
+    seed: int = 1,
 ) -> ControlResult:
     """Continue supervised training of the model in ``base_dir`` on the warm start's demonstrations.
 
-    ``skip_steps``: batches of the stream the warm start already used (default ``ws.steps``). Stops after
+    ``skip_steps``: batches of the stream the warm start already used (default ``ws.steps``). ``seed`` s (>= 1):
+    seed 1 continues right after them; seed s starts ``(s - 1) * ws.steps`` batches further along the same stream
+    (``stream_offset``), so the control's seeds train on other draws of the same demonstrations (the same
+    distribution, the same scarce and limited sets, another order), as an RL run's seeds sample other
+    responses. The batches skipped are drawn before the budget's clock starts. Stops after
     ``max_steps``, ``time_budget_s`` wall seconds or ``cpu_budget_s`` seconds of this process's CPU time (all its
     threads; other jobs on the machine inflate it less than wall time), whichever comes first (one of them is required).
     """
@@ -99,6 +112,8 @@ def continue_warm_start(
             raise ValueError(f"{what} ({budget}) must be > 0 seconds")
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps ({max_steps}) must be >= 1")
+    if seed < 1:
+        raise ValueError(f"seed ({seed}) must be >= 1: seed 1 continues the stream right after the warm start")
     start = time.perf_counter()
     device = resolve_device(cfg.trainer.device)
     model = load_model(str(base_dir), dtype=cfg.model.dtype, device=device)
@@ -116,11 +131,12 @@ def continue_warm_start(
         shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
         run_on_style=ws.run_on_style,
     )  # fmt: skip
-    batches = itertools.islice(stream, ws.steps if skip_steps is None else skip_steps, None)
+    skip = (ws.steps if skip_steps is None else skip_steps) + stream_offset(ws, seed)
+    next(itertools.islice(stream, skip, skip), None)  # draw the skipped batches now, outside the budget
     pad_id = int(tokenizer.pad_token_id)
     steps, loss = 0, float("nan")
     t0, c0 = time.perf_counter(), time.process_time()
-    for problems in batches:
+    for problems in stream:
         if max_steps is not None and steps >= max_steps:
             break
         if time_budget_s is not None and time.perf_counter() - t0 >= time_budget_s:
