@@ -352,6 +352,9 @@ def _mask(text: str) -> str:
 
 
 def _stale(what: str, have: str, want: str) -> str:
+    # diff with dates masked, so lines that differ only by a date (a fresh clone's file times) do not crowd out the
+    # lines that matter
+    have, want = _mask(have), _mask(want)
     diff = list(difflib.unified_diff(have.splitlines(), want.splitlines(), "current", "generated", lineterm="", n=0))
     shown = "\n".join(diff[:20]) + ("\n..." if len(diff) > 20 else "")
     return f"{what} is stale: it differs from what the results JSONs generate (dates ignored); {FIX}\n{shown}"
