@@ -17,7 +17,6 @@ Every evaluation uses the same config, hence the same fixed sampling seed, on ``
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -25,8 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.config.ablation import (
@@ -41,16 +39,24 @@ from dapo_core.config.ablation import (
     run_name,
     run_overrides,
 )
-from dapo_core.engines.sft import WarmStartConfig
-from dapo_core.engines.sft_control import continue_warm_start, stream_offset
 from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
 from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
+from flows.ablation_runs import (
+    config_view,
+    control_budget,
+    evaluate_final,
+    run_control,
+    score,
+    scored_record,
+    tags_of,
+    warm_start_steps,
+)
 from flows.base_model import base_model_flow, warm_start_settings
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
 from tasks import flow_runs, tracking
-from tasks.base_model import STAMP_FILE, read_exclusions
+from tasks.base_model import read_exclusions
 from tasks.evaluate import load_run_histories
 
 logger = logging.getLogger(__name__)
@@ -59,47 +65,14 @@ DEFAULT_RECIPE = "tiny-dapo"
 DEFAULT_OUT_DIR = "benchmarks/results"
 QUICK_OUT_DIR = "outputs/ablation-quick"
 DEFAULT_SEEDS = 3
+# Final scores: avg@32, as Table 1 scores AIME 2024. Each score's sampling noise shrinks by 2x against avg@8 (the
+# recipe's rollout.val_n, which the curves keep): it was as large as the DAPO - GRPO differences the ladder measures.
+DEFAULT_EVAL_K = 32
 QUICK_SEEDS, QUICK_STEPS = 1, 2
 STEP_TIME_KEY = "timing_s/step"  # per-step training wall time
 # per-step CPU seconds of the training process: their sum is the control's budget (other jobs inflate it less than wall time)
 STEP_CPU_KEY = "perf/cpu_time_per_step"
 _VAL_KEY = re.compile(r"^val/[^/]+/acc/mean_at_(\d+)$")
-
-
-@task(name="sft-control", cache_policy=NO_CACHE)
-def sft_control(
-    cfg: DapoConfig,
-    ws: WarmStartConfig,
-    base_dir: str,
-    *,
-    budget_s: float,
-    budget_kind: str,
-    exclude: list[str],
-    skip_steps: int | None,
-    output_dir: str,
-    seed: int = 1,
-) -> dict[str, Any]:
-    """Continue the warm start for ``budget_s`` seconds of ``budget_kind`` ("cpu": this process's CPU time, or
-    "wall") on the demonstrations of ``seed`` (``continue_warm_start``); returns steps, wall and CPU time, last
-    loss, model dir."""
-    budget = {"cpu_budget_s": budget_s} if budget_kind == "cpu" else {"time_budget_s": budget_s}
-    res = continue_warm_start(
-        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, seed=seed, **budget
-    )
-    return {
-        "steps": res.steps, "wall_s": res.wall_s, "cpu_s": res.cpu_s, "final_loss": res.final_loss,
-        "output_dir": str(res.output_dir),
-    }  # fmt: skip
-
-
-def _warm_start_steps(base_dir: str) -> int | None:
-    """SFT steps the warm start ran (its stamp), so the control continues the stream right after them."""
-    stamp = Path(base_dir) / STAMP_FILE
-    try:
-        return int(json.loads(stamp.read_text(encoding="utf-8"))["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        logger.warning("no readable %s: the control skips base_model.steps batches of the SFT stream", stamp)
-        return None
 
 
 def _run_histories(cfg: DapoConfig, run_id: str, keys: list[str] | None) -> dict[str, list[tuple[int, float]]]:
@@ -123,34 +96,9 @@ def _evidence(hist: dict[str, list[tuple[int, float]]]) -> dict[str, float | Non
     return {key: (sum(v for _, v in hist[key]) / len(hist[key]) if hist.get(key) else None) for key in EVIDENCE_KEYS}
 
 
-def _tags(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
-    return {"ablation.regime": regime, "ablation.rung": rung, "ablation.seed": str(seed), "ablation.kind": kind}
-
-
-# knobs added after runs were journaled, at the value that keeps the behaviour those runs had: left out of the
-# fingerprint at that value, so a journal written before the knob existed still resumes (any other value counts)
-# (rollout.hf_decode: the static loop samples generate's tokens up to float ties, but over a whole run one flipped
-# near-tie is enough to change a result by a sample, so a run decoded the other way is another run)
-FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {
-    ("rollout", "mode"): "sync",
-    ("rollout", "max_staleness"): 1,
-    ("rollout", "hf_decode"): "generate",
-}
-
-
-def _config_view(cfg: DapoConfig) -> dict[str, Any]:
-    """The config as it determines results: tracking (where results go, maybe credentials) left out, and the
-    ``FINGERPRINT_NEUTRAL`` knobs at their neutral values."""
-    view = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
-    for (section, key), neutral in FINGERPRINT_NEUTRAL.items():
-        if view.get(section, {}).get(key, neutral) == neutral:
-            view.get(section, {}).pop(key, None)
-    return view
-
-
 def _train_key(common: dict[str, Any], overrides: list[str], base: dict[str, Any]) -> str:
     run_cfg = load_config(config_path=common["config_path"], recipe=common["recipe"], overrides=overrides)
-    return fingerprint({"kind": "train", "run": _config_view(run_cfg), **base["digests"]})
+    return fingerprint({"kind": "train", "run": config_view(run_cfg), **base["digests"]})
 
 
 def _train_and_score(
@@ -162,104 +110,47 @@ def _train_and_score(
     steps: int,
     base: dict[str, Any],
     journal: AblationJournal,
+    k: int,
 ) -> dict[str, Any]:
-    """One (regime, rung, seed): train, evaluate the final model, read the curve and the evidence back (or the
-    journaled record of an identical run, with ``--resume``)."""
-    tags = _tags(regime.name, rung.name, seed, "train")
+    """One (regime, rung, seed): train, score the final model at held-out avg@k, read the curve and the evidence
+    back (or the journaled record of an identical run, with ``--resume``, scored at k)."""
+    tags = tags_of(regime.name, rung.name, seed, "train")
     overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base["dir"])
     key = _train_key(common, overrides, base)
-    if (done := journal.get(key)) is not None:
-        get_run_logger().info(
-            "%s: reusing the journaled run %s", run_name(regime.name, rung.name, seed), done["run_id"]
-        )
-        return done
+    name = run_name(regime.name, rung.name, seed)
+    if (done := journal.get(key, count=False)) is not None:
+        model_dir = done.get("model_dir") or Path(cfg.trainer.output_dir) / name / "final"
+        scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=name, tags=tags)
+        if scored is not None:
+            journal.reused += 1
+            get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
+            return scored
     t0 = time.perf_counter()
     trained = train_flow(
         config_path=common["config_path"], recipe=common["recipe"], overrides=overrides, nested=True, extra_tags=tags
     )
     wall = time.perf_counter() - t0
-    name = run_name(regime.name, rung.name, seed)
-    ev = evaluate_flow(
-        **common, model=trained["final_model"], metrics_path=None, nested=True, run_name=f"{name}-eval",
-        extra_tags={**tags, "ablation.kind": "eval"},
-    )  # fmt: skip
+    ev = evaluate_final(common, trained["final_model"], k, f"{name}-eval", tags)
     val = _run_histories(cfg, trained["run_id"], None)
     hist = _run_histories(cfg, trained["run_id"], [*EVIDENCE_KEYS, STEP_TIME_KEY, STEP_CPU_KEY])
     record = {
         "seed": seed,
-        "acc": ev["mean_acc"],
         "wall_s": wall,
         "train_s": sum(v for _, v in hist.get(STEP_TIME_KEY, [])),
         "train_cpu_s": sum(v for _, v in hist.get(STEP_CPU_KEY, [])),
-        "curve": [[0, base["acc"]], *_curve(val, cfg.rollout.val_n)],  # step 0: the base model's evaluation
+        "curve": [[0, base["curve_acc"]], *_curve(val, cfg.rollout.val_n)],  # step 0: the base model's evaluation
         **_evidence(hist),
         "run_id": trained["run_id"],
-        "eval_run_id": ev["run_id"],
         "git_sha": tracking.git_tags().get("git.sha", "unknown"),
     }
-    return journal.put(key, record)
+    return journal.put(key, scored_record(record, ev, k, trained["final_model"]))
 
 
-def _control_budget(dapo: dict[str, Any], seed: int, executor: str) -> tuple[float, str]:
-    """The control's budget for ``seed``: the dapo rung's summed per-step CPU seconds (local executor: the
-    training process did all the work, and other jobs on the machine inflate CPU time less than wall time), else its summed
-    per-step wall time (Ray workers' CPU time is not the driver's), else the run's whole wall time."""
-    i = dapo["seed_ids"].index(seed)
-    cpu = (dapo.get("train_cpu_s") or [None] * len(dapo["seed_ids"]))[i]
-    if executor == "local" and cpu:
-        return float(cpu), "cpu"
-    return float(dapo["train_s"][i] or dapo["wall_s_seeds"][i]), "wall"
-
-
-def _control(
-    common: dict[str, Any],
-    cfg: DapoConfig,
-    regime: Regime,
-    seed: int,
-    budget: tuple[float, str],
-    base: dict[str, Any],
-    journal: AblationJournal,
-) -> dict[str, Any]:
-    """The supervised control of one (regime, seed): the base model, ``budget`` more seconds of SFT, evaluated."""
-    budget_s, kind = budget
-    name = run_name(regime.name, SFT_CONTROL, seed)
-    key = fingerprint(
-        {"kind": "control", "config": _config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
-         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]}
-    )  # fmt: skip
-    if (done := journal.get(key)) is not None:
-        get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
-        return done
-    tags = _tags(regime.name, SFT_CONTROL, seed, "control")
-    with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
-        res = sft_control(
-            cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],
-            skip_steps=base["skip_steps"], output_dir=str(Path(cfg.trainer.output_dir) / name), seed=seed,
-        )  # fmt: skip
-        metrics = {
-            f"control/{kind}_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/cpu_s": res["cpu_s"],
-            "control/steps": res["steps"],
-        }  # fmt: skip
-        tracking.log_metrics({**metrics, "control/final_loss": res["final_loss"]}, step=res["steps"])
-        control_run_id = run.info.run_id
-    ev = evaluate_flow(
-        **common, model=res["output_dir"], metrics_path=None, nested=True, run_name=f"{name}-eval",
-        extra_tags={**tags, "ablation.kind": "eval"},
-    )  # fmt: skip
-    record = {
-        "seed": seed,
-        "acc": ev["mean_acc"],
-        "wall_s": res["wall_s"],
-        "cpu_s": res["cpu_s"],
-        "budget_s": budget_s,
-        "budget_kind": kind,
-        "sft_steps": res["steps"],
-        "curve": [],
-        "run_id": control_run_id,
-        "eval_run_id": ev["run_id"],
-        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
-    }
-    return journal.put(key, record)
+def check_eval_k(k: int) -> int:
+    """``k`` when it is a usable number of samples per problem, else ``ValueError`` naming the fix."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"--eval-k ({k!r}) must be an integer >= 1 (samples per held-out problem), e.g. --eval-k 32")
+    return k
 
 
 def journal_path(out_dir: str | Path, name: str) -> Path:
@@ -282,9 +173,9 @@ def _prepare_base(common: dict[str, Any], cfg: DapoConfig, base: str | None) -> 
         "dir": base,
         "ws": warm_start_settings(cfg),
         "exclude": read_exclusions(files),
-        "skip_steps": _warm_start_steps(base),
+        "skip_steps": warm_start_steps(base),
         # what a journaled result depends on besides its config: the base weights and the data (and the evaluation)
-        "digests": {"base": file_digest(base), "data": {f: file_digest(f) for f in files}, "eval": _config_view(cfg)},
+        "digests": {"base": file_digest(base), "data": {f: file_digest(f) for f in files}, "eval": config_view(cfg)},
     }
 
 
@@ -303,6 +194,7 @@ def ablation_flow(
     rungs: list[str] | None = None,
     name: str = "ablation",
     resume: bool = False,
+    eval_k: int | None = None,
 ) -> dict[str, Any]:
     """Run the ladder x regimes x seeds (+ the supervised control), write and log the report; returns the results.
 
@@ -310,7 +202,9 @@ def ablation_flow(
     ``trainer.total_steps``, seeds 1..3, the Table-1 ladder and ``sft-control`` (``rungs``: any of
     ``dapo_core.config.ablation.KNOWN_RUNGS``, successors included). ``name``: the report files' stem.
     Every finished run is journaled in ``<out_dir>/<name>.journal.jsonl``; ``resume`` reuses the runs whose
-    config, base model and data are unchanged, under the same parent MLflow run.
+    config, base model and data are unchanged, under the same parent MLflow run. ``eval_k``: samples per held-out
+    problem of each final score (default ``DEFAULT_EVAL_K``, Table 1's avg@32); a journaled run scored at another k
+    is scored again at this one, not trained again.
     """
     plog = get_run_logger()
     if config_path is None and recipe is None:
@@ -319,6 +213,7 @@ def ablation_flow(
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=common["overrides"])
     if seeds < 1:
         raise ValueError(f"--seeds ({seeds}) must be >= 1 (seeds 1..N go to trainer.seed), e.g. --seeds 3")
+    k = check_eval_k(DEFAULT_EVAL_K if eval_k is None else eval_k)
     rung_names = parse_rungs(rungs or list(ALL_RUNGS))
     ladder = build_ladder(cfg, rung_names)
     plan = build_regimes(cfg, regimes or ["tuned", "aggressive"], tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
@@ -351,17 +246,21 @@ def ablation_flow(
         )
         prepared = _prepare_base(common, cfg, base)
         base_eval = evaluate_flow(
-            **common, model=prepared["dir"], metrics_path=None, nested=True, run_name="ablation-eval-base_model"
+            **common, model=prepared["dir"], k=k, metrics_path=None, nested=True, run_name="ablation-eval-base_model"
         )
+        curve_k = cfg.rollout.val_n  # the training runs' own validation: their curves start from this evaluation
+        base_curve = base_eval if curve_k == k else evaluate_flow(
+            **common, model=prepared["dir"], k=curve_k, metrics_path=None, nested=True,
+            run_name=f"ablation-eval-base_model-k{curve_k}",
+        )  # fmt: skip
+        prepared = {**prepared, "acc": base_eval["mean_acc"], "curve_acc": base_curve["mean_acc"]}
         results: dict[str, Any] = {"regimes": {}}
         for regime in plan:
             rungs = []
             for rung in ladder:
                 plog.info("ablation %s / %s (lr %g): %d seed(s) x %d steps", regime.name, rung.name, regime.lr, seeds, n_steps)  # fmt: skip
                 records = [
-                    _train_and_score(
-                        common, cfg, rung, regime, seed, n_steps, {**prepared, "acc": base_eval["mean_acc"]}, journal
-                    )
+                    _train_and_score(common, cfg, rung, regime, seed, n_steps, prepared, journal, k)
                     for seed in range(1, seeds + 1)
                 ]
                 rungs.append(summarize_rung(rung.name, records))
@@ -369,8 +268,8 @@ def ablation_flow(
                 # the control's budget: the dapo rung's training steps' time (not validations or checkpoints)
                 dapo = next(r for r in rungs if r["name"] == "dapo")
                 controls = [
-                    _control(
-                        common, cfg, regime, s, _control_budget(dapo, s, cfg.resources.executor), prepared, journal
+                    run_control(
+                        common, cfg, regime, s, control_budget(dapo, s, cfg.resources.executor), prepared, journal, k
                     )
                     for s in range(1, seeds + 1)
                 ]
@@ -382,7 +281,8 @@ def ablation_flow(
                 "recipe": cfg.recipe,
                 "steps": n_steps,
                 "num_seeds": seeds,
-                "k": base_eval.get("n"),
+                "k": k,
+                "curve_k": curve_k,
                 "eval_seed": base_eval.get("seed"),
                 "base_acc": base_eval["mean_acc"],
                 "base_model": prepared["dir"],

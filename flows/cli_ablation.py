@@ -61,6 +61,14 @@ def register(app: typer.Typer) -> None:
                 "data are unchanged (after a kill or across sessions); the rest run under the same parent run.",
             ),
         ] = False,
+        eval_k: Annotated[
+            int | None,
+            typer.Option(
+                "--eval-k",
+                help="Samples per held-out problem of each final score (default 32, Table 1's avg@32; --quick: the "
+                "recipe's rollout.val_n). Journaled runs scored at another k are scored again, not trained again.",
+            ),
+        ] = None,
         quick: Annotated[
             bool,
             typer.Option("--quick", help="One seed, 2 steps, both regimes (a smoke run; shrink the model with --set)."),
@@ -78,6 +86,7 @@ def register(app: typer.Typer) -> None:
             QUICK_OUT_DIR,
             QUICK_SEEDS,
             QUICK_STEPS,
+            check_eval_k,
         )
 
         if config is None and recipe is None:
@@ -86,6 +95,7 @@ def register(app: typer.Typer) -> None:
         if quick:
             steps = QUICK_STEPS if steps is None else steps
             seeds = QUICK_SEEDS if seeds is None else seeds
+            eval_k = cfg.rollout.val_n if eval_k is None else eval_k
         out_dir = str(out) if out is not None else (QUICK_OUT_DIR if quick else DEFAULT_OUT_DIR)
         # the plan's own checks (a DAPO recipe, regime names, lrs, steps) before any work
         from dapo_core.config.ablation import build_ladder, build_regimes, curve_test_freq, parse_regimes, parse_rungs
@@ -97,6 +107,8 @@ def register(app: typer.Typer) -> None:
             build_ladder(cfg, rung_names)
             build_regimes(cfg, regimes, tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
             curve_test_freq(steps if steps is not None else cfg.trainer.total_steps)
+            if eval_k is not None:
+                check_eval_k(eval_k)
             if seeds is not None and seeds < 1:
                 raise ValueError(f"--seeds ({seeds}) must be >= 1 (seeds 1..N go to trainer.seed), e.g. --seeds 3")
         except ValueError as exc:
@@ -109,7 +121,7 @@ def register(app: typer.Typer) -> None:
                 config_path=str(config) if config else None, recipe=recipe, overrides=overrides or [],
                 regimes=parse_regimes(regimes), tuned_lr=tuned_lr, aggressive_lr=aggressive_lr, steps=steps,
                 seeds=seeds if seeds is not None else DEFAULT_SEEDS, base=str(base) if base else None, out_dir=out_dir,
-                rungs=rung_names, name=name, resume=resume,
+                rungs=rung_names, name=name, resume=resume, eval_k=eval_k,
             )  # fmt: skip
         except USER_ERRORS as exc:
             fail(str(exc))

@@ -240,7 +240,7 @@ def ablation_deployment(
     config_path: str | None = CONFIG_PATH,
     recipe: str | None = Field(None, description="Recipe name (--recipe); empty (and no config file): tiny-dapo."),
     overrides: list[str] = OVERRIDES,
-    regimes: list[str] = Field(["tuned", "aggressive"], description="tuned (the recipe's lr), aggressive (3x)."),
+    regimes: list[str] = Field(["tuned", "aggressive"], description="tuned (the recipe's lr), aggressive (4x)."),
     tuned_lr: float | None = Field(None, description="lr of the tuned regime; empty: the recipe's trainer.lr."),
     aggressive_lr: float | None = Field(None, description="lr of the aggressive regime; empty: 4x the recipe's."),
     steps: int | None = Field(None, description="Gradient steps per run; empty: trainer.total_steps (quick: 2)."),
@@ -256,6 +256,14 @@ def ablation_deployment(
         "(DAPO's successors); sft-control needs dapo.",
     ),
     name: str = Field("ablation", description="Report file stem: <out_dir>/<name>.json/.md/.png."),
+    resume: bool = Field(
+        False, description="Reuse the finished runs journaled in <out_dir>/<name>.journal.jsonl (after a kill)."
+    ),
+    eval_k: int | None = Field(
+        None,
+        description="Samples per held-out problem of each final score; empty: 32, Table 1's avg@32 (quick: "
+        "rollout.val_n). Journaled runs scored at another k are scored again, not trained again.",
+    ),
 ) -> Any:
     """`dapo ablation`: Table 1 in miniature (GRPO -> + each DAPO technique -> DAPO) vs a supervised control."""
 
@@ -264,8 +272,8 @@ def ablation_deployment(
         from dapo_core.evaluation.ablation_report import report_stem
         from flows import ablation as A
 
-        name = A.DEFAULT_RECIPE if config_path is None and recipe is None else recipe
-        cfg = _load(config_path, name, overrides)
+        recipe_name = A.DEFAULT_RECIPE if config_path is None and recipe is None else recipe
+        cfg = _load(config_path, recipe_name, overrides)
         n_steps = steps if steps is not None else (A.QUICK_STEPS if quick else None)
         n_seeds = seeds if seeds is not None else (A.QUICK_SEEDS if quick else A.DEFAULT_SEEDS)
         rung_names = parse_rungs(rungs) if rungs else None
@@ -273,10 +281,14 @@ def ablation_deployment(
         build_ladder(cfg, rung_names)  # the plan's own checks, before any work (as `dapo ablation`)
         build_regimes(cfg, list(regimes), tuned_lr=tuned_lr, aggressive_lr=aggressive_lr)
         curve_test_freq(n_steps if n_steps is not None else cfg.trainer.total_steps)
+        k = eval_k if eval_k is not None else (cfg.rollout.val_n if quick else None)
+        if k is not None:
+            A.check_eval_k(k)
         return A.ablation_flow.fn(
-            config_path=config_path, recipe=name, overrides=list(overrides), regimes=list(regimes),
+            config_path=config_path, recipe=recipe_name, overrides=list(overrides), regimes=list(regimes),
             tuned_lr=tuned_lr, aggressive_lr=aggressive_lr, steps=n_steps, seeds=n_seeds, base=base,
             out_dir=out_dir or (A.QUICK_OUT_DIR if quick else A.DEFAULT_OUT_DIR), rungs=rung_names, name=name,
+            resume=resume, eval_k=k,
         )  # fmt: skip
 
     return _run_stage(body, lambda: (*_train_errors(), ValueError))

@@ -165,6 +165,7 @@ def test_regimes_lrs_and_run_overrides():
         (["--recipe", "tiny-grpo"], "must be a DAPO recipe"),
         (["--steps", "0"], "must be >= 1"),
         (["--seeds", "0"], "--seeds (0) must be >= 1"),
+        (["--eval-k", "0"], "--eval-k (0) must be an integer >= 1"),
         (["--aggressive-lr", "-1"], "--aggressive-lr (-1.0) must be a learning rate > 0"),
         (["--rungs", "dapo,gpso"], "unknown rung(s) ['gpso']"),
         (["--rungs", "gspo,sft-control"], "needs dapo among the rungs"),
@@ -418,3 +419,57 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch, prefe
     assert params["ablation-tuned-gmpo-s1"]["algorithm.loss_agg"] == "seq-mean-token-mean"
     assert params["ablation-tuned-dr-grpo-s1"]["algorithm.norm_adv_by_std"] == "false"
     assert params["ablation-tuned-dapo-s1"]["algorithm.policy_loss"] == "ppo-clip"
+
+
+@pytest.mark.slow
+def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_them_again(
+    tmp_path, monkeypatch, prefect_api
+):
+    """--eval-k on --resume: the journaled run's final model is evaluated at the new k (one eval run, journaled
+    under the run), not trained again; a model on disk that is not the journaled run's any more is trained again;
+    a record from before model digests were journaled is trusted only when its own score reproduces."""
+    import train_fixtures  # noqa: F401  (registers the test rewards)
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "outputs/ablation-quick"
+    journal = out / "rescore.journal.jsonl"
+    plan = ["--regimes", "tuned", "--rungs", "grpo", "--name", "rescore"]
+
+    def run(*extra: str) -> tuple[dict, dict]:
+        run_quick_ablation(tmp_path, monkeypatch, [*plan, *extra])
+        data = json.loads((out / "rescore.json").read_text())
+        return data, data["regimes"]["tuned"]["rungs"][0]
+
+    first, grpo1 = run()
+    assert first["k"] == first["curve_k"] == 2  # --quick: the recipe's rollout.val_n
+    assert grpo1["eval_k"] == [2] and len(grpo1["model_digest"][0]) == 64
+
+    second, grpo2 = run("--resume", "--eval-k", "3")
+    assert second["k"] == 3 and second["curve_k"] == 2 and second["reused_runs"] == 1
+    assert grpo2["run_id"] == grpo1["run_id"] and grpo2["eval_k"] == [3]  # the same training run, scored again
+    assert grpo2["eval_run_id"] != grpo1["eval_run_id"] and grpo2["curve"] == grpo1["curve"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    ev = client.get_run(grpo2["eval_run_id"][0])
+    at3 = [key for key in ev.data.metrics if key.endswith("acc/mean_at_3")]
+    assert at3 and ev.data.metrics[at3[0]] == pytest.approx(grpo2["seeds"][0])
+    trains = [r for r in client.search_runs([ev.info.experiment_id]) if r.data.tags.get("ablation.kind") == "train"]
+    assert len(trains) == 1
+
+    # another run overwrote the final model: its digest no longer matches, so the run is trained again
+    weights = next((tmp_path / "outputs" / "ablation-tuned-grpo-s1" / "final").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
+    third, grpo3 = run("--resume", "--eval-k", "4")
+    assert third["k"] == 4 and third["reused_runs"] == 0 and grpo3["eval_k"] == [4]
+    assert grpo3["run_id"] != grpo1["run_id"]
+
+    # a record journaled before digests existed: trusted when its score reproduces at its own k (the model is intact)
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    for item in lines:
+        item.get("record", {}).pop("model_digest", None)
+        item.get("record", {}).pop("model_dir", None)
+    journal.write_text("".join(json.dumps(item) + "\n" for item in lines))
+    fourth, grpo4 = run("--resume", "--eval-k", "5")
+    assert fourth["k"] == 5 and fourth["reused_runs"] == 1
+    assert grpo4["run_id"] == grpo3["run_id"] and grpo4["eval_k"] == [5]
+    checks = [r for r in client.search_runs([ev.info.experiment_id]) if r.info.run_name.endswith("-eval-check")]
+    assert len(checks) == 1  # the reproduced score at k=4

@@ -62,7 +62,8 @@ def test_fingerprints_follow_content_not_order(tmp_path):
 def test_knobs_added_later_keep_old_fingerprints_at_their_neutral_value():
     """A journal written before rollout.mode existed still resumes; a run that uses the knob does not match it."""
     from dapo_core.config import load_config
-    from flows.ablation import FINGERPRINT_NEUTRAL, _config_view
+    from flows.ablation_runs import FINGERPRINT_NEUTRAL
+    from flows.ablation_runs import config_view as _config_view
 
     neutral = [f"{section}.{key}={value}" for (section, key), value in FINGERPRINT_NEUTRAL.items()]
     view = _config_view(load_config(recipe="tiny-dapo", overrides=neutral, env={}))
@@ -76,7 +77,7 @@ def test_the_decode_loop_is_part_of_a_runs_identity():
     """Journals written with generate (before rollout.hf_decode existed) still resume with generate; a run decoded
     by the static loop is another run (a flipped near-tie changes results by a sample), so it does not reuse them."""
     from dapo_core.config import load_config
-    from flows.ablation import _config_view
+    from flows.ablation_runs import config_view as _config_view
 
     def view(*overrides: str) -> dict:
         return _config_view(load_config(recipe="tiny-dapo", overrides=list(overrides), env={}))

@@ -106,6 +106,32 @@ def test_defaults_match_the_flows_and_names_are_stable():
     assert list(SERVED_STAGES) == list(S.DEPLOYMENTS)
 
 
+def test_the_ablation_form_passes_its_report_name_resume_and_eval_k_through(monkeypatch):
+    """The UI's ablation form: its report name is not the recipe's, --resume and --eval-k reach the flow, and a
+    quick run scores at the recipe's rollout.val_n unless told otherwise."""
+    import types
+
+    from flows import ablation as A
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(A, "ablation_flow", types.SimpleNamespace(fn=lambda **kw: seen.append(kw) or {}))
+    form = {
+        "config_path": None, "recipe": None, "overrides": [], "regimes": ["tuned"], "tuned_lr": None,
+        "aggressive_lr": None, "steps": None, "seeds": None, "base": None, "out_dir": None, "quick": False,
+        "rungs": None, "name": "mine", "resume": True, "eval_k": 16,
+    }  # fmt: skip
+    S.ablation_deployment.fn(**form)
+    S.ablation_deployment.fn(**{**form, "quick": True, "eval_k": None, "resume": False})
+    assert (seen[0]["name"], seen[0]["recipe"], seen[0]["resume"], seen[0]["eval_k"]) == ("mine", "tiny-dapo", True, 16)
+    assert seen[1]["eval_k"] == load_config(recipe="tiny-dapo").rollout.val_n and seen[1]["resume"] is False
+    from prefect.exceptions import MissingContextError
+
+    # refused before any work (in a flow run: a Failed state with the message; here no run logger to report it to)
+    with pytest.raises((ValueError, MissingContextError)):
+        S.ablation_deployment.fn(**{**form, "eval_k": 0})
+    assert len(seen) == 2
+
+
 def test_serve_needs_a_reachable_prefect_server():
     from prefect.settings import temporary_settings
     from typer.testing import CliRunner

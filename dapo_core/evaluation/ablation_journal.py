@@ -102,10 +102,10 @@ class AblationJournal:
     def __len__(self) -> int:
         return len(self._records)
 
-    def get(self, key: str) -> dict[str, Any] | None:
-        """The journaled record of ``key`` (counted in ``reused``), or None."""
+    def get(self, key: str, *, count: bool = True) -> dict[str, Any] | None:
+        """The journaled record of ``key`` (counted in ``reused`` unless ``count`` is false), or None."""
         record = self._records.get(key)
-        if record is not None:
+        if record is not None and count:
             self.reused += 1
         return record
 

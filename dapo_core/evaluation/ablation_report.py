@@ -287,7 +287,8 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     lines += [
         "",
         f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
-        "validation on the same problems (mean over seeds); the table: the final models, scored by one evaluator."
+        f"validation on the same problems (avg@{results.get('curve_k') or k or 'k'}, mean over seeds); the table: "
+        f"the final models, scored by one evaluator (avg@{k if k is not None else 'k'})."
         + (
             " sft-control: the base model given the dapo rung's training time (same seed: the CPU seconds of its "
             "training steps, perf/cpu_time_per_step summed, which other jobs on the machine inflate less than wall "
@@ -330,7 +331,9 @@ def plot_ablation(results: Mapping[str, Any], out_path: str | Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes.flat[0].set_ylabel("validation avg@k during training (mean over seeds)")
+    curve_k, k = results.get("curve_k") or results.get("k") or "k", results.get("k") or "k"
+    axes.flat[0].set_ylabel(f"validation avg@{curve_k} during training (mean over seeds)")
+    fig.text(0.01, 0.01, f"horizontal lines: final scores, avg@{k}", fontsize=7)
     fig.suptitle("DAPO ablation ladder")
     fig.tight_layout()
     out = Path(out_path)

@@ -1,0 +1,222 @@
+"""The ablation's runs: a run's identity in the journal, its final score at held-out avg@k, the supervised control.
+
+A journaled run is scored again, without training it again, when the ablation asks for another k than the one it
+was scored at (``score``): its final model is evaluated at the new k and that evaluation journaled under the run.
+Before that, the model on disk must be the journaled run's (its digest; for a record from before digests were
+journaled, its journaled score must reproduce at the old k); otherwise the caller trains the run again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from dapo_core.config import DapoConfig
+from dapo_core.config.ablation import SFT_CONTROL, Regime, run_name
+from dapo_core.engines.sft import WarmStartConfig
+from dapo_core.engines.sft_control import continue_warm_start, stream_offset
+from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
+from flows.evaluate import evaluate_flow
+from tasks import tracking
+from tasks.base_model import STAMP_FILE
+
+logger = logging.getLogger(__name__)
+
+# knobs added after runs were journaled, at the value that keeps the behaviour those runs had: left out of the
+# fingerprint at that value, so a journal written before the knob existed still resumes (any other value counts)
+# (rollout.hf_decode: the static loop samples generate's tokens up to float ties, but over a whole run one flipped
+# near-tie is enough to change a result by a sample, so a run decoded the other way is another run)
+FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {
+    ("rollout", "mode"): "sync",
+    ("rollout", "max_staleness"): 1,
+    ("rollout", "hf_decode"): "generate",
+}
+
+
+def config_view(cfg: DapoConfig) -> dict[str, Any]:
+    """The config as it determines results: tracking (where results go, maybe credentials) left out, and the
+    ``FINGERPRINT_NEUTRAL`` knobs at their neutral values."""
+    view = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+    for (section, key), neutral in FINGERPRINT_NEUTRAL.items():
+        if view.get(section, {}).get(key, neutral) == neutral:
+            view.get(section, {}).pop(key, None)
+    return view
+
+
+def tags_of(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
+    return {"ablation.regime": regime, "ablation.rung": rung, "ablation.seed": str(seed), "ablation.kind": kind}
+
+
+def evaluate_final(
+    common: dict[str, Any], model_dir: str | Path, k: int, run_name: str, tags: dict[str, str]
+) -> dict[str, Any]:
+    """Held-out avg@k of a final model (nested eval run; the config's fixed sampling seed)."""
+    return evaluate_flow(
+        **common, model=str(model_dir), k=k, metrics_path=None, nested=True, run_name=run_name,
+        extra_tags={**tags, "ablation.kind": "eval"},
+    )  # fmt: skip
+
+
+def scored_record(record: dict[str, Any], ev: dict[str, Any], k: int, model_dir: str | Path) -> dict[str, Any]:
+    """``record`` with its final score (``acc`` at ``eval_k``) and the identity of the model scored."""
+    return {
+        **record, "acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "model_dir": str(model_dir),
+        "model_digest": file_digest(model_dir),
+    }  # fmt: skip
+
+
+def score(
+    common: dict[str, Any],
+    cfg: DapoConfig,
+    journal: AblationJournal,
+    *,
+    key: str,
+    record: dict[str, Any],
+    model_dir: str | Path,
+    k: int,
+    run_name: str,
+    tags: dict[str, str],
+) -> dict[str, Any] | None:
+    """The journaled run ``record`` (journal key ``key``) scored at held-out avg@k: as journaled when it was scored
+    at k, else from the journal's evaluation of it at k, else evaluated now. None when its final model on disk is
+    not the journaled run's any more (the caller trains it again)."""
+    scored_k = int(record.get("eval_k", cfg.rollout.val_n))  # records from before eval_k: rollout.val_n
+    if scored_k == k:
+        return record
+    eval_key = fingerprint({"kind": "eval", "of": key, "k": k})
+    if (done := journal.get(eval_key, count=False)) is not None:
+        return {**record, **done}
+    if not _same_model(common, record, model_dir, scored_k, run_name, tags):
+        return None
+    ev = evaluate_final(common, model_dir, k, f"{run_name}-eval-k{k}", tags)
+    done = journal.put(eval_key, {"acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"]})
+    return {**record, **done}
+
+
+def _same_model(
+    common: dict[str, Any], record: dict[str, Any], model_dir: str | Path, scored_k: int, run_name: str,
+    tags: dict[str, str],
+) -> bool:  # fmt: skip
+    """Is ``model_dir`` the final model of the journaled run? Its digest when journaled; else (older records) its
+    journaled score must reproduce exactly (the evaluation is deterministic: fixed seed, same problems)."""
+    plog = get_run_logger()
+    if not (Path(model_dir) / "config.json").is_file():
+        plog.warning("%s: its final model %s is gone: training it again to score it", run_name, model_dir)
+        return False
+    if record.get("model_digest"):
+        same = file_digest(model_dir) == record["model_digest"]
+    else:
+        ev = evaluate_final(common, model_dir, scored_k, f"{run_name}-eval-check", tags)
+        same = math.isclose(float(ev["mean_acc"]), float(record["acc"]), abs_tol=1e-12)
+    if not same:
+        plog.warning(
+            "%s: the model in %s is not the journaled run's (overwritten by another run?): training it again",
+            run_name, model_dir,
+        )  # fmt: skip
+    return same
+
+
+@task(name="sft-control", cache_policy=NO_CACHE)
+def sft_control(
+    cfg: DapoConfig,
+    ws: WarmStartConfig,
+    base_dir: str,
+    *,
+    budget_s: float,
+    budget_kind: str,
+    exclude: list[str],
+    skip_steps: int | None,
+    output_dir: str,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Continue the warm start for ``budget_s`` seconds of ``budget_kind`` ("cpu": this process's CPU time, or
+    "wall") on the demonstrations of ``seed`` (``continue_warm_start``); returns steps, wall and CPU time, last
+    loss, model dir."""
+    budget = {"cpu_budget_s": budget_s} if budget_kind == "cpu" else {"time_budget_s": budget_s}
+    res = continue_warm_start(
+        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, seed=seed, **budget
+    )
+    return {
+        "steps": res.steps, "wall_s": res.wall_s, "cpu_s": res.cpu_s, "final_loss": res.final_loss,
+        "output_dir": str(res.output_dir),
+    }  # fmt: skip
+
+
+def warm_start_steps(base_dir: str) -> int | None:
+    """SFT steps the warm start ran (its stamp), so the control continues the stream right after them."""
+    stamp = Path(base_dir) / STAMP_FILE
+    try:
+        return int(json.loads(stamp.read_text(encoding="utf-8"))["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.warning("no readable %s: the control skips base_model.steps batches of the SFT stream", stamp)
+        return None
+
+
+def control_budget(dapo: dict[str, Any], seed: int, executor: str) -> tuple[float, str]:
+    """The control's budget for ``seed``: the dapo rung's summed per-step CPU seconds (local executor: the
+    training process did all the work, and other jobs on the machine inflate CPU time less than wall time), else its summed
+    per-step wall time (Ray workers' CPU time is not the driver's), else the run's whole wall time."""
+    i = dapo["seed_ids"].index(seed)
+    cpu = (dapo.get("train_cpu_s") or [None] * len(dapo["seed_ids"]))[i]
+    if executor == "local" and cpu:
+        return float(cpu), "cpu"
+    return float(dapo["train_s"][i] or dapo["wall_s_seeds"][i]), "wall"
+
+
+def run_control(
+    common: dict[str, Any],
+    cfg: DapoConfig,
+    regime: Regime,
+    seed: int,
+    budget: tuple[float, str],
+    base: dict[str, Any],
+    journal: AblationJournal,
+    k: int,
+) -> dict[str, Any]:
+    """The supervised control of one (regime, seed): the base model, ``budget`` more seconds of SFT, scored at
+    held-out avg@k (or the journaled control, scored at k)."""
+    budget_s, kind = budget
+    name = run_name(regime.name, SFT_CONTROL, seed)
+    key = fingerprint(
+        {"kind": "control", "config": config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
+         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]}
+    )  # fmt: skip
+    tags = tags_of(regime.name, SFT_CONTROL, seed, "control")
+    output_dir = Path(cfg.trainer.output_dir) / name
+    if (done := journal.get(key, count=False)) is not None:
+        model_dir = done.get("model_dir") or output_dir
+        scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=name, tags=tags)
+        if scored is not None:
+            journal.reused += 1
+            get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
+            return scored
+    with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
+        res = sft_control(
+            cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],
+            skip_steps=base["skip_steps"], output_dir=str(output_dir), seed=seed,
+        )  # fmt: skip
+        metrics = {
+            f"control/{kind}_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/cpu_s": res["cpu_s"],
+            "control/steps": res["steps"],
+        }  # fmt: skip
+        tracking.log_metrics({**metrics, "control/final_loss": res["final_loss"]}, step=res["steps"])
+        control_run_id = run.info.run_id
+    ev = evaluate_final(common, res["output_dir"], k, f"{name}-eval", tags)
+    record = {
+        "seed": seed,
+        "wall_s": res["wall_s"],
+        "cpu_s": res["cpu_s"],
+        "budget_s": budget_s,
+        "budget_kind": kind,
+        "sft_steps": res["steps"],
+        "curve": [],
+        "run_id": control_run_id,
+        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
+    }
+    return journal.put(key, scored_record(record, ev, k, res["output_dir"]))
