@@ -5,13 +5,14 @@ Run it::
     dapo ablation                                   # tiny-dapo, both regimes, 3 seeds, recipe's steps
     dapo ablation --regimes tuned --seeds 5 --steps 48 --out benchmarks/results
     dapo ablation --quick                           # 1 seed, 2 steps, both regimes -> outputs/ablation-quick/
+    dapo ablation --resume --eval-k 64              # the journaled runs scored again at avg@64, none trained again
     dapo ablation --regimes tuned --rungs dapo,gspo,cispo,gmpo,dr-grpo --name successors   # DAPO's successors
 
 Steps: curate + base model (reused when up to date; or ``--base DIR``) -> evaluate the base model -> for each
-regime (``tuned``: the recipe's lr; ``aggressive``: 3x, where GRPO collapses) and each cumulative rung of the ladder
-(``dapo_core.config.ablation``) and seed: train (a nested MLflow run tagged ``ablation.*``) and evaluate the final
-model -> the supervised control of each regime and seed: continue the warm start for the dapo rung's training time
--> ``ablation.json`` / ``.md`` / ``.png`` (``dapo_core.evaluation.ablation_report``), logged to the parent run.
+regime (``tuned``: the recipe's lr; ``aggressive``: 4x, where GRPO collapses) and each cumulative rung of the ladder
+(``dapo_core.config.ablation``) and seed: train (a nested MLflow run tagged ``ablation.*``) and score the final
+model at held-out avg@32 (``--eval-k``; the curves keep the runs' own avg@``rollout.val_n`` validation) -> the
+supervised control of each regime and seed: continue the warm start for the dapo rung's training time -> ``ablation.json`` / ``.md`` / ``.png`` (``dapo_core.evaluation.ablation_report``), logged to the parent run.
 Every evaluation uses the same config, hence the same fixed sampling seed, on ``data.val_files``.
 """
 

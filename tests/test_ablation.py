@@ -237,8 +237,12 @@ def test_report_files_schema_and_the_dapo_minus_grpo_line(tmp_path):
     diffs = [DAPO_ACC[s] - GRPO_ACC[s] for s in (1, 2, 3)]  # +0.20, +0.25, +0.25
     mean, std = statistics.mean(diffs), statistics.stdev(diffs)
     line = next(x for x in md.splitlines() if x.startswith("- **DAPO − GRPO**"))
-    assert f"{mean:+.3f} held-out" in line and f"mean − 2·std = {mean - 2 * std:+.3f} > 0" in line
+    assert f"{mean:+.3f} held-out avg@8 (" in line and f"mean − 2·std = {mean - 2 * std:+.3f} > 0" in line
     assert "- **DAPO − sft-control" in md
+    # final scores at one k, curves at the runs' own validation k: each named where it is used
+    md32 = render_markdown({**results, "k": 32, "curve_k": 8})
+    assert "Held-out avg@32 on problems" in md32 and "held-out avg@32 (per seed" in md32
+    assert "validation on the same problems (avg@8, mean over seeds)" in md32 and "evaluator (avg@32)" in md32
     assert "truncation at max_response_length (response_length/clip_ratio): grpo 20.0%" in md
     assert "TODO" not in md and "{" not in md
     assert paths.png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths.png.stat().st_size > 10_000

@@ -143,7 +143,7 @@ def _table(regime: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def difference_line(label: str, d: PairedDiff | None) -> str:
+def difference_line(label: str, d: PairedDiff | None, k: int | str = "k") -> str:
     """``DAPO − GRPO: +0.050 (per seed +0.04, +0.06; mean − 2·std = +0.030 > 0: beyond seed noise)``."""
     if d is None:
         return f"**{label}**: no seed ran both rungs, nothing to compare."
@@ -156,7 +156,7 @@ def difference_line(label: str, d: PairedDiff | None) -> str:
         verdict = f"mean + 2·std = {d.mean + NOISE_SIGMAS * d.std:+.3f} < 0: worse beyond seed noise"
     else:
         verdict = f"mean − 2·std = {d.lower:+.3f} ≤ 0: within seed noise"
-    return f"**{label}**: {d.mean:+.3f} held-out avg@k (per seed {per_seed}; {verdict})."
+    return f"**{label}**: {d.mean:+.3f} held-out avg@{k} (per seed {per_seed}; {verdict})."
 
 
 def findings(results: Mapping[str, Any]) -> list[str]:
@@ -251,6 +251,7 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     """The report: per regime a table and the DAPO − GRPO / DAPO − sft-control (and successor − DAPO) lines, then
     the findings."""
     k = results.get("k")
+    kk = k if k is not None else "k"
     names = {r["name"] for regime in results["regimes"].values() for r in regime["rungs"]}
     title = "# DAPO ablation (Table 1 in miniature)"
     if names & set(SUCCESSOR_RUNGS):
@@ -275,15 +276,15 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
         rungs = _rungs(regime)
         lines += ["", f"## {name} (lr {regime['lr']:g})", "", *_table(regime), ""]
         if "dapo" in rungs and "grpo" in rungs:
-            lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"])))
+            lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"]), kk))
         if "dapo" in rungs and SFT_CONTROL in rungs:
             diff = paired_difference(rungs["dapo"], rungs[SFT_CONTROL])
-            lines.append("- " + difference_line("DAPO − sft-control (same time, supervised)", diff))
+            lines.append("- " + difference_line("DAPO − sft-control (same time, supervised)", diff, kk))
         for succ in SUCCESSOR_RUNGS:
             ref = "grpo" if succ == "dr-grpo" else "dapo"
             if succ in rungs and ref in rungs:
                 diff = paired_difference(rungs[succ], rungs[ref])
-                lines.append("- " + difference_line(f"{succ} − {ref} (same seeds)", diff))
+                lines.append("- " + difference_line(f"{succ} − {ref} (same seeds)", diff, kk))
     lines += [
         "",
         f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
