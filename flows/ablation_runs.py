@@ -90,12 +90,15 @@ def score(
     if scored_k == k:
         return record
     eval_key = fingerprint({"kind": "eval", "of": key, "k": k})
-    if (done := journal.get(eval_key, count=False)) is not None:
+    done = journal.get(eval_key, count=False)
+    # an evaluation of an earlier run under the same key (since trained again) is not this run's score
+    if done is not None and done.get("scored_run_id", record["run_id"]) == record["run_id"]:
         return {**record, **done}
     if not _same_model(common, record, model_dir, scored_k, run_name, tags):
         return None
     ev = evaluate_final(common, model_dir, k, f"{run_name}-eval-k{k}", tags)
-    done = journal.put(eval_key, {"acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"]})
+    done = {"acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "scored_run_id": record["run_id"]}
+    journal.put(eval_key, done)
     return {**record, **done}
 
 

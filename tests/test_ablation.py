@@ -465,6 +465,10 @@ def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_th
     third, grpo3 = run("--resume", "--eval-k", "4")
     assert third["k"] == 4 and third["reused_runs"] == 0 and grpo3["eval_k"] == [4]
     assert grpo3["run_id"] != grpo1["run_id"]
+    # the journal's score at k=3 was the overwritten run's: the new run is evaluated at k=3 itself
+    again, grpo3b = run("--resume", "--eval-k", "3")
+    assert grpo3b["run_id"] == grpo3["run_id"] and grpo3b["eval_run_id"] != grpo2["eval_run_id"]
+    assert again["reused_runs"] == 1
 
     # a record journaled before digests existed: trusted when its score reproduces at its own k (the model is intact)
     lines = [json.loads(line) for line in journal.read_text().splitlines()]
