@@ -47,8 +47,8 @@ from flows.ablation_runs import (
     config_view,
     control_budget,
     evaluate_final,
+    reuse_journaled,
     run_control,
-    score,
     scored_record,
     tags_of,
     warm_start_steps,
@@ -120,13 +120,12 @@ def _train_and_score(
     overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base["dir"])
     key = _train_key(common, overrides, base)
     name = run_name(regime.name, rung.name, seed)
-    if (done := journal.get(key, count=False)) is not None:
-        model_dir = done.get("model_dir") or Path(cfg.trainer.output_dir) / name / "final"
-        scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=name, tags=tags)
-        if scored is not None:
-            journal.reused += 1
-            get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
-            return scored
+    default_dir = Path(cfg.trainer.output_dir) / name / "final"
+    reused = reuse_journaled(
+        common, cfg, journal, key=key, default_model_dir=default_dir, k=k, run_name=name, tags=tags
+    )
+    if reused is not None:
+        return reused
     t0 = time.perf_counter()
     trained = train_flow(
         config_path=common["config_path"], recipe=common["recipe"], overrides=overrides, nested=True, extra_tags=tags

@@ -96,10 +96,36 @@ def score(
         return {**record, **done}
     if not _same_model(common, record, model_dir, scored_k, run_name, tags):
         return None
+    if not record.get("model_digest"):  # an older record, shown to be this model: journal its digest from now on
+        record = journal.put(key, {**record, "model_dir": str(model_dir), "model_digest": file_digest(model_dir)})
     ev = evaluate_final(common, model_dir, k, f"{run_name}-eval-k{k}", tags)
     done = {"acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "scored_run_id": record["run_id"]}
     journal.put(eval_key, done)
     return {**record, **done}
+
+
+def reuse_journaled(
+    common: dict[str, Any],
+    cfg: DapoConfig,
+    journal: AblationJournal,
+    *,
+    key: str,
+    default_model_dir: str | Path,
+    k: int,
+    run_name: str,
+    tags: dict[str, str],
+) -> dict[str, Any] | None:
+    """The journaled run under ``key`` scored at held-out avg@k (counted in ``journal.reused``), or None when there
+    is none or its final model is not on disk as journaled (the caller runs it)."""
+    done = journal.get(key, count=False)
+    if done is None:
+        return None
+    model_dir = done.get("model_dir") or default_model_dir  # records from before model_dir: the run's default
+    scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=run_name, tags=tags)
+    if scored is not None:
+        journal.reused += 1
+        get_run_logger().info("%s: reusing the journaled run %s", run_name, done["run_id"])
+    return scored
 
 
 def _same_model(
@@ -192,13 +218,9 @@ def run_control(
     )  # fmt: skip
     tags = tags_of(regime.name, SFT_CONTROL, seed, "control")
     output_dir = Path(cfg.trainer.output_dir) / name
-    if (done := journal.get(key, count=False)) is not None:
-        model_dir = done.get("model_dir") or output_dir
-        scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=name, tags=tags)
-        if scored is not None:
-            journal.reused += 1
-            get_run_logger().info("%s: reusing the journaled run %s", name, done["run_id"])
-            return scored
+    reused = reuse_journaled(common, cfg, journal, key=key, default_model_dir=output_dir, k=k, run_name=name, tags=tags)
+    if reused is not None:
+        return reused
     with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
         res = sft_control(
             cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],

@@ -431,7 +431,8 @@ def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_th
 ):
     """--eval-k on --resume: the journaled run's final model is evaluated at the new k (one eval run, journaled
     under the run), not trained again; a model on disk that is not the journaled run's any more is trained again;
-    a record from before model digests were journaled is trusted only when its own score reproduces."""
+    a record from before model digests were journaled is trusted only when its own score reproduces (and is then
+    journaled with its digest)."""
     import train_fixtures  # noqa: F401  (registers the test rewards)
     from mlflow.tracking import MlflowClient
 
@@ -481,3 +482,9 @@ def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_th
     assert grpo4["run_id"] == grpo3["run_id"] and grpo4["eval_k"] == [5]
     checks = [r for r in client.search_runs([ev.info.experiment_id]) if r.info.run_name.endswith("-eval-check")]
     assert len(checks) == 1  # the reproduced score at k=4
+    # ... and from then on journaled with its digest: the next k needs no reproduce check
+    assert len(grpo4["model_digest"][0]) == 64
+    fifth, grpo5 = run("--resume", "--eval-k", "6")
+    assert fifth["reused_runs"] == 1 and grpo5["run_id"] == grpo3["run_id"] and grpo5["eval_k"] == [6]
+    checks = [r for r in client.search_runs([ev.info.experiment_id]) if r.info.run_name.endswith("-eval-check")]
+    assert len(checks) == 1
