@@ -180,3 +180,51 @@ def test_default_soft_overlong_window_starts_above_every_correct_answer():
     longest = max(len(response_ids(tok, p.solution)) for p in generate_problems(5000, seed=0, min_ops=4))
     assert longest >= 55  # 4-operation answers are the long tail the window must clear
     assert cfg.data.max_response_length - cfg.algorithm.overlong.buffer_length > longest
+
+
+def test_check_demonstrations_check_every_worked_line_and_keep_the_answer():
+    from dapo_core.engines.sft_data import check_demo, check_line
+    from dapo_core.rewards import math_dapo_score
+
+    assert check_line("57*6=342") == "check 6*57=342"
+    assert check_line("-184-43=-227") == "check -227+43=-184"
+    assert check_line("-58+11=-47") == "check -47-11=-58"
+    with pytest.raises(ValueError, match="not a worked step line 'Answer: 3'"):
+        check_line("Answer: 3")
+    plain = _questions(sft_batches(50, seed=6), 20)
+    mixed = _questions(sft_batches(50, seed=6, check_frac=0.4), 20)
+    checked = 0
+    for own, p in zip(plain, mixed, strict=True):  # the same problems in the same order: no problem is used up
+        assert p.question == own.question
+        if p.solution == own.solution:
+            continue
+        checked += 1
+        assert p.solution == check_demo(own).solution
+        *work, answer = own.solution.splitlines()
+        lines = p.solution.splitlines()
+        assert lines[: len(work)] == work and lines[-1] == answer  # worked lines first, the answer line last
+        checks = lines[len(work) : -1]
+        assert len(checks) == len(work) == own.num_ops
+        for check in checks:  # each check is a true equation
+            lhs, rhs = check.removeprefix("check ").split("=")
+            assert eval(lhs) == int(rhs), check  # the line holds digits and + - * only
+        assert math_dapo_score(p.solution, str(p.answer))["acc"] is True
+    assert 0.3 < checked / len(mixed) < 0.5  # a share c = 0.4 of the demonstrations check
+    with pytest.raises(ValueError, match=r"check_frac \(1.0\) must be in \[0, 1\)"):
+        next(sft_batches(4, seed=1, check_frac=1.0))
+
+
+def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
+    """With checks the length is the policy's choice: hard problems then hit max_response_length (80)."""
+    from dapo_core.data.synthetic import generate_problems
+    from dapo_core.engines.sft import response_ids
+    from dapo_core.engines.sft_data import check_demo
+    from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+
+    tok = build_char_tokenizer(DEFAULT_ALPHABET)
+    limit = load_config(recipe="tiny-dapo").data.max_response_length
+    for ops, share_over in ((1, 0.0), (4, 1.0)):
+        problems = generate_problems(200, seed=11, min_ops=ops, max_ops=ops)
+        assert all(len(response_ids(tok, p.solution)) <= limit - 16 for p in problems)  # no check: below the window
+        over = sum(len(response_ids(tok, check_demo(p).solution)) > limit for p in problems) / len(problems)
+        assert over == share_over, ops

@@ -261,6 +261,15 @@ class BaseModelStageConfig(_Section):
         description="What follows the next question in a run-on demonstration: its worked solution (`worked`) or "
         "its answer line only (`answer_only`: a short run-on, no second worked solution in one response).",
     )
+    check_frac: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Share of the demonstrations that check each worked line (`check 6*57=342`) before their "
+        "answer line: the warm start then checks that often, so the response length is the policy's choice, and "
+        "with checks every 4-operation answer and 93% of 3-operation ones pass 80 tokens (a length limit the hard "
+        "problems hit; without checks the longest is 61).",
+    )
     target_greedy_acc: float | None = Field(
         default=None,
         gt=0,

@@ -90,6 +90,7 @@ class WarmStartConfig:
     shortcut_style: str = "answer_only"
     run_on_frac: float = 0.0
     run_on_style: str = "worked"
+    check_frac: float = 0.0
     target_greedy_acc: float | None = None
     check_every: int = 100
     check_from: int = 0
@@ -131,6 +132,8 @@ class WarmStartConfig:
         """Everything that changes the trained weights or the reported metrics (for the stage's cache stamp)."""
         out = asdict(self)
         out.pop("log_every")  # logging cadence changes nothing
+        if not out["check_frac"]:  # added later: at its default the stamps of earlier base models still hold
+            out.pop("check_frac")
         return out
 
 
@@ -331,6 +334,7 @@ def run_warm_start(
         ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, num_demos=ws.num_demos,
         scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos, shortcut_frac=ws.shortcut_frac,
         shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac, run_on_style=ws.run_on_style,
+        check_frac=ws.check_frac,
     )  # fmt: skip
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 

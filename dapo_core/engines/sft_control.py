@@ -129,7 +129,7 @@ def continue_warm_start(
         ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops,
         num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
         shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
-        run_on_style=ws.run_on_style,
+        run_on_style=ws.run_on_style, check_frac=ws.check_frac,
     )  # fmt: skip
     skip = (ws.steps if skip_steps is None else skip_steps) + stream_offset(ws, seed)
     next(itertools.islice(stream, skip, skip), None)  # draw the skipped batches now, outside the budget

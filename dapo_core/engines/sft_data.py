@@ -175,6 +175,42 @@ def _with_run_ons(
         yield run_on_demo(p, next(source), style) if rng.random() < frac else p
 
 
+CHECK_PREFIX = "check "  # a check line: "check 342/6=57"-style inverse of one worked step (see ``check_demo``)
+
+
+def check_line(step_line: str) -> str:
+    """The check of one worked line ``"l op r=res"``: its inverse (``res-r=l`` for +, ``res+r=l`` for -) or, for
+    a product, the factors swapped (``r*l=res``); e.g. ``"57*6=342"`` -> ``"check 6*57=342"``."""
+    expr, eq, res = step_line.partition("=")
+    for op, inverse in (("*", None), ("+", "-"), ("-", "+")):
+        left, sep, right = expr.rpartition(op)
+        if eq and sep and left and left[-1].isdigit():  # the operator between the operands (not a leading minus sign)
+            if inverse is None:
+                return f"{CHECK_PREFIX}{right}*{left}={res}"
+            return f"{CHECK_PREFIX}{res}{inverse}{right}={left}"
+    raise ValueError(f"not a worked step line {step_line!r} (expected e.g. '57*6=342')")
+
+
+def check_demo(problem: SyntheticProblem) -> SyntheticProblem:
+    """The same problem demonstrated with a check of every worked line before the answer line: the answer is
+    unchanged, the response about twice as long, so how long to write is the policy's choice: with checks a
+    4-operation answer is 95-133 tokens and a 3-operation one 73-101 (93% over 80), against at most 61 without."""
+    *work, answer = problem.solution.splitlines()
+    return replace(problem, solution="\n".join([*work, *(check_line(line) for line in work), answer]))
+
+
+def _with_checks(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
+    """``source`` with a seeded share ``frac`` of its problems demonstrated with check lines (``check_demo``)."""
+    if not 0.0 <= frac < 1.0:
+        raise ValueError(
+            f"check_frac ({frac}) must be in [0, 1): the share of demonstrations that check each worked line before "
+            "their answer line (0 = no demonstration checks)"
+        )
+    rng = random.Random(derive_seed(seed, "check"))
+    for p in source:
+        yield check_demo(p) if rng.random() < frac else p
+
+
 def sft_batches(
     batch_size: int,
     *,
@@ -189,6 +225,7 @@ def sft_batches(
     shortcut_style: str = "answer_only",
     run_on_frac: float = 0.0,
     run_on_style: str = "worked",
+    check_frac: float = 0.0,
 ) -> Iterator[list[SyntheticProblem]]:
     """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
 
@@ -207,7 +244,11 @@ def sft_batches(
     ``run_on_frac`` r: a seeded share r of the demonstrations do not stop after their answer line but go on to the
     next problem of the stream, as worksheets and documents of many problems do: its question, then its worked
     solution (``run_on_style`` ``worked``) or its answer line only (``answer_only``); see ``run_on_demo``. The
-    problem they go on to is used up there."""
+    problem they go on to is used up there.
+
+    ``check_frac`` c: a seeded share c of the (worked) demonstrations check each worked line before the answer line
+    (``check_demo``): their length is a choice the policy inherits, and with checks hard problems pass the length
+    limit. Applied before shortcuts and run-ons."""
     if num_demos is not None:
         if num_demos < 1:
             raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
@@ -218,6 +259,8 @@ def sft_batches(
         source = (p for p in _stream(seed, "sft", min_ops, max_ops) if p.question not in banned)
     if scarce_from_ops is not None:
         source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
+    if check_frac > 0:
+        source = _with_checks(source, check_frac, seed=seed)
     if shortcut_frac > 0:
         source = _with_shortcuts(source, shortcut_frac, seed=seed, style=shortcut_style)
     if run_on_frac > 0:
