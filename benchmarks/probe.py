@@ -2,9 +2,10 @@
 
     python -m benchmarks.probe make                      # outputs/probe/probe.parquet: 200 problems of the warm
                                                          # start's "probe" stream, none in train or val
-    python -m benchmarks.probe run dapo 3e-4 16 [SEED] [STEPS]  # one ablation rung (tiny-dapo ladder) at lr 3e-4
-                                                         # with ppo_mini_batch_size 16 (STEPS: default 16),
-                                                         # validated on the probe set
+    python -m benchmarks.probe run dapo 3e-4 16 [SEED] [STEPS] [BASE]  # one ablation rung (tiny-dapo ladder)
+                                                         # at lr 3e-4 with ppo_mini_batch_size 16 (STEPS: default
+                                                         # 16; BASE: the base model dir, default
+                                                         # outputs/base_model), validated on the probe set
 
 Each run logs to outputs/probe/mlflow.db (run name probe-<rung>-lr<lr>-mb<mini>-s<seed>; its in-training
 validation ``val/synthetic/acc/mean_at_8`` at steps 8 and 16 is the probe avg@8) and writes outputs/probe/<name>.log.
@@ -41,7 +42,7 @@ def make(n: int = 200) -> Path:
     return write_rl_parquet(records, PROBE_FILE)
 
 
-def run(rung: str, lr: str, mini: str, seed: str = "1", steps: int = 16) -> int:
+def run(rung: str, lr: str, mini: str, seed: str = "1", steps: int = 16, base: str = "outputs/base_model") -> int:
     """One rung of the tiny-dapo ladder, validated on the probe set every 8 steps; returns dapo train's exit code."""
     from dapo_core.config import load_config
     from dapo_core.config.ablation import build_ladder
@@ -51,9 +52,13 @@ def run(rung: str, lr: str, mini: str, seed: str = "1", steps: int = 16) -> int:
     ladder = {r.name: r for r in build_ladder(load_config(recipe="tiny-dapo"))}
     if rung not in ladder:
         raise SystemExit(f"unknown rung {rung!r}; valid: {', '.join(ladder)}")
+    if not (Path(base) / "config.json").is_file():
+        raise SystemExit(f"{base} holds no model: run `dapo base-model -o {base}` first")
     name = f"probe-{rung}-lr{lr}-mb{mini}-s{seed}" + (f"-t{steps}" if steps != 16 else "")
+    if base != "outputs/base_model":
+        name += f"-{Path(base).name}"
     sets = [
-        *ladder[rung].overrides(), "model.path=outputs/base_model", f"trainer.lr={lr}", f"trainer.seed={seed}",
+        *ladder[rung].overrides(), f"model.path={base}", f"trainer.lr={lr}", f"trainer.seed={seed}",
         f"trainer.ppo_mini_batch_size={mini}", f"trainer.total_steps={steps}", "trainer.test_freq=8",
         "trainer.val_before_train=false", "trainer.save_freq=0", f"data.val_files=[{PROBE_FILE}]",
         f"tracking.run_name={name}", f"tracking.uri=sqlite:///{PROBE_DIR}/mlflow.db", f"trainer.output_dir={PROBE_DIR}/runs",
@@ -68,6 +73,6 @@ if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "make":
         print(make())
     elif len(sys.argv) >= 5 and sys.argv[1] == "run":
-        sys.exit(run(*sys.argv[2:6], *[int(a) for a in sys.argv[6:7]]))
+        sys.exit(run(*sys.argv[2:6], *[int(a) for a in sys.argv[6:7]], *sys.argv[7:8]))
     else:
         raise SystemExit(__doc__)
