@@ -228,3 +228,14 @@ def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
         assert all(len(response_ids(tok, p.solution)) <= limit - 16 for p in problems)  # no check: below the window
         over = sum(len(response_ids(tok, check_demo(p).solution)) > limit for p in problems) / len(problems)
         assert over == share_over, ops
+
+
+def test_check_frac_enters_the_warm_start_stamp_only_when_set():
+    """At its default the stamp is the one base models were built under before the knob existed (no rebuild)."""
+    from dataclasses import replace
+
+    from dapo_core.engines.sft import warm_start_config_from
+
+    ws = warm_start_config_from(load_config(recipe="tiny-dapo"))
+    assert "check_frac" not in ws.stamp() and "run_on_frac" in ws.stamp()
+    assert replace(ws, check_frac=0.5).stamp() == {**ws.stamp(), "check_frac": 0.5}
