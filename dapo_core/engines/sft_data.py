@@ -175,7 +175,7 @@ def _with_run_ons(
         yield run_on_demo(p, next(source), style) if rng.random() < frac else p
 
 
-CHECK_PREFIX = "check "  # a check line: "check 342/6=57"-style inverse of one worked step (see ``check_demo``)
+CHECK_PREFIX = "check "  # starts a check line, e.g. "check 6*57=342" for "57*6=342" (see ``check_line``)
 
 
 def check_line(step_line: str) -> str:
