@@ -37,6 +37,7 @@ FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {
     ("rollout", "max_staleness"): 1,
     ("rollout", "hf_decode"): "generate",
     ("base_model", "check_frac"): 0.0,  # added after the committed journals: at 0 the demonstrations are as before
+    ("algorithm", "old_log_probs"): "recompute",  # added after them too: recompute is how those runs trained
 }
 
 

@@ -29,6 +29,7 @@ from dapo_core.training.step import (
     entropy_and_prob,
     keep_flags,
     rollout_correction,
+    sampler_log_probs,
     score_results,
     use_behaviour_log_probs,
 )
@@ -129,17 +130,24 @@ def update_policy(
     batch, stats = build_train_batch(groups, cfg, pad_token_id=executor.tokenizer.pad_token_id)
     metrics = batch_metrics(stats, batch)
     t1 = time.perf_counter()
-    old_log_probs, entropy = executor.compute_log_probs(batch, with_entropy=True)
-    batch.old_log_probs = old_log_probs
-    metrics.update(entropy_and_prob(old_log_probs, entropy, batch.response_mask))
-    metrics.update(rollout_correction(batch, cfg))  # mismatch/*; TIS weights when enabled
-    use_behaviour_log_probs(batch, cfg)  # one_step_off: the ratio's pi_old is the sampler's (behaviour) policy
+    recompute = cfg.algorithm.old_log_probs == "recompute"
+    if recompute:
+        old_log_probs, entropy = executor.compute_log_probs(batch, with_entropy=True)
+        batch.old_log_probs = old_log_probs
+        metrics.update(entropy_and_prob(old_log_probs, entropy, batch.response_mask))
+        metrics.update(rollout_correction(batch, cfg))  # mismatch/*; TIS weights when enabled
+        use_behaviour_log_probs(batch, cfg)  # one_step_off: the ratio's pi_old is the sampler's (behaviour) policy
+    else:  # old_log_probs=rollout: the sampler's log-probs are pi_old, no forward (entropy: from the updates)
+        batch.old_log_probs = sampler_log_probs(batch)
+        metrics.update(entropy_and_prob(batch.old_log_probs, None, batch.response_mask))
     metrics.update(staleness_metrics([g.version for g in groups], executor.weight_version))
     t2 = time.perf_counter()
     actor = executor.update(batch)
     t3 = time.perf_counter()
     for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl", "grad_norm", "lr"):
         metrics[f"actor/{k}"] = actor[k]
+    if not recompute:  # the policy's entropy over the updates' forwards (the first mini-batch's: pi_old's)
+        metrics["actor/entropy"] = actor["entropy"]
     metrics["actor/pg_clipfrac_last"] = actor["pg_clipfrac_last"]
     metrics["actor/num_updates"] = actor["num_updates"]
     tokens = int(batch.attention_mask.sum())

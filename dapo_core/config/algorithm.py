@@ -122,6 +122,13 @@ class AlgorithmConfig(_Section):
         default_factory=RolloutCorrectionConfig,
         description="Rollout/trainer mismatch correction (the sampler's log-probs vs the trainer's).",
     )
+    old_log_probs: Literal["recompute", "rollout"] = Field(
+        default="recompute",
+        description="pi_old in the ratio: recompute (a trainer forward over the batch before the updates, verl's "
+        "default) or rollout (the sampler's log-probs of the sampled tokens: no forward; exact on the hf backend, "
+        "which samples with the trainer's own module at the rollout temperature; with vllm the engine's numerics "
+        "become pi_old, and mismatch/* is not logged). actor/entropy then comes from the updates' forwards.",
+    )
     kl_coef: float = Field(default=0.0, ge=0, description="KL penalty coefficient (removed in DAPO Sec. 2.3). 0.")
     entropy_coef: float = Field(default=0.0, ge=0, description="Entropy bonus (entropy is still logged). 0.")
     reward_fn: str = Field(

@@ -119,6 +119,19 @@ def rollout_problems(cfg: DapoConfig) -> list[str]:
             f"(before temperature) and rollout.temperature is {ro.temperature}: set rollout.temperature=1.0, or "
             "algorithm.rollout_correction.enable=true (pi_old recomputed by the trainer at the temperature)"
         )
+    if cfg.algorithm.old_log_probs == "rollout":
+        if cfg.algorithm.rollout_correction.enable:
+            out.append(
+                "algorithm.old_log_probs (rollout) skips the trainer's recomputation that "
+                "algorithm.rollout_correction compares the sampler with: set algorithm.old_log_probs=recompute, or "
+                "algorithm.rollout_correction.enable=false"
+            )
+        elif raw_log_probs:
+            out.append(
+                f"algorithm.old_log_probs (rollout) uses the sampler's log-probs as pi_old, but vLLM returns raw "
+                f"log-probs (before temperature) and rollout.temperature is {ro.temperature}: set "
+                "rollout.temperature=1.0, or algorithm.old_log_probs=recompute"
+            )
     if ro.mode == "sync" and ro.max_staleness != 1:
         out.append(
             f"rollout.max_staleness ({ro.max_staleness}) only applies to rollout.mode=one_step_off (sync is never "

@@ -227,6 +227,20 @@ def use_behaviour_log_probs(batch: PolicyBatch, cfg: DapoConfig) -> bool:
     return True
 
 
+def sampler_log_probs(batch: PolicyBatch) -> torch.Tensor:
+    """``algorithm.old_log_probs=rollout``: the sampler's log-probs of the sampled tokens ``(N, T)`` (0 on padding),
+    to stand as pi_old instead of a trainer forward over the batch. Raises ``ValueError`` when the backend returned
+    none for this batch."""
+    rollout_lp = batch.extras.get(ROLLOUT_LOG_PROBS)
+    if rollout_lp is None:
+        raise ValueError(
+            "algorithm.old_log_probs=rollout takes pi_old from the sampler's log-probs, but the rollout backend "
+            "returned none for this batch: use a backend that returns them (hf, vllm) or set "
+            "algorithm.old_log_probs=recompute"
+        )
+    return rollout_lp
+
+
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
     t = torch.tensor(list(values), dtype=torch.float64)
     return {f"{prefix}/mean": float(t.mean()), f"{prefix}/max": float(t.max()), f"{prefix}/min": float(t.min())}
