@@ -16,7 +16,7 @@ from pathlib import Path
 
 # suites that start from `outputs/base_model` and `outputs/curated/{train,val}.parquet`
 # (benchmarks/common.py:require_base_and_data); `dapo bench` skips them when those are missing, unless --prepare
-NEEDS_BASE_MODEL = frozenset({"overlap", "trl", "overhead"})
+NEEDS_BASE_MODEL = frozenset({"overlap", "trl", "overhead", "pi_old"})
 BASE_MODEL_FILES = ("outputs/base_model/config.json",)
 CURATED_FILES = ("outputs/curated/train.parquet", "outputs/curated/val.parquet")
 # the `dapo` commands that create them, in pipeline order: (command, the files it creates)

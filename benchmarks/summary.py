@@ -186,6 +186,16 @@ def _overhead(d: dict[str, Any]) -> Figures:
     return Figures(f"core step {s['core_step_s']:.2f} s; " + ", ".join(parts), None, met)
 
 
+@extractor("pi_old", compares="pi_old from the sampler vs recomputed by the trainer: s per RL step, held-out avg@8")
+def _pi_old(d: dict[str, Any]) -> Figures:
+    s, rows = d["summary"], d["rows"]
+    acc = ", ".join(f"{k} {v:.1%}" for k, v in s["heldout_acc"].items())
+    return Figures(
+        f"{s['ratio_rollout_to_recompute']:.2f}x the time per step (median of paired steps; the "
+        f"{rows['recompute']['phases_s']['old_log_prob']:.2f} s pi_old forward skipped); held-out {acc}"
+    )
+
+
 @extractor("scaling", compares="step time and peak memory as batch and response length grow (x1, x2, x4)")
 def _scaling(d: dict[str, Any]) -> Figures:
     fit, proj = d["fit"], d["projection"]

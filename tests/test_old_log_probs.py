@@ -47,7 +47,7 @@ def test_the_knob_and_its_checks() -> None:
 
 def test_a_batch_without_sampler_log_probs_is_refused() -> None:
     batch = build_policy_batch([[5, 6]], [[7, 8]], pad_token_id=0, group_ids=[0])
-    with pytest.raises(ValueError, match="returned none for this batch.*old_log_probs=recompute"):
+    with pytest.raises(ValueError, match=r"returned none for this batch.*old_log_probs=recompute"):
         sampler_log_probs(batch)
     batch.extras[ROLLOUT_LOG_PROBS] = torch.full((1, 2), -0.5)
     assert torch.equal(sampler_log_probs(batch), torch.full((1, 2), -0.5))
