@@ -123,7 +123,8 @@ def score_and_filter(
 def update_policy(
     executor: Executor, groups: Sequence[Group], cfg: DapoConfig
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Lines 9-12: advantages, pi_old log-probs on the kept batch, ppo_epochs x mini-batch updates.
+    """Lines 9-12: advantages, pi_old log-probs on the kept batch (a trainer forward, or the sampler's own with
+    ``algorithm.old_log_probs: rollout``), ppo_epochs x mini-batch updates.
 
     Returns (metrics, timings)."""
     t0 = time.perf_counter()
