@@ -62,7 +62,7 @@ def _cpu_s() -> tuple[float, float]:
     return own, kids
 
 
-def _interleave(rows: dict[str, Any], steps: int, warmup: int) -> dict[str, dict[str, Any]]:
+def interleave(rows: dict[str, Any], steps: int, warmup: int) -> dict[str, dict[str, Any]]:
     """``rows``: name -> callable running one step and returning (seconds, metrics). Round-robin, rotating which
     row goes first; returns each row's measured step times, medians, CPU seconds (this process / its descendants,
     e.g. Prefect's server or Ray's workers) and generation batches per step."""
@@ -125,7 +125,7 @@ def phase_prefect_mlflow(steps: int, warmup: int, tmp: Path) -> dict[str, Any]:
     def measure() -> dict[str, dict[str, Any]]:
         with tracking.start_run(cfg, run_name="bench-overhead"):
             tracking.log_params_flat(cfg)
-            return _interleave(
+            return interleave(
                 {
                     "core": lambda: steppers["core"].step(with_tasks=False),
                     "+prefect": lambda: steppers["+prefect"].step(with_tasks=True),
@@ -164,7 +164,7 @@ def phase_ray(label: str, workers: int, steps: int, warmup: int) -> dict[str, An
         startup = time.perf_counter() - t0
         try:
             a, b = StepRunner(local, local_cfg, items), StepRunner(remote, ray_cfg, items)
-            rows = _interleave(
+            rows = interleave(
                 {"core": lambda: a.step(with_tasks=False), label: lambda: b.step(with_tasks=False)}, steps, warmup
             )
         finally:

@@ -22,27 +22,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_overhead import interleave
 from benchmarks.common import require_base_and_data, write_results
 
 OUT = Path("outputs/bench-pi-old")
 ROWS = {"recompute": [], "rollout": ["algorithm.old_log_probs=rollout"]}
 PHASES = ("gen", "old_log_prob", "update_actor")
-
-
-def _interleave(steppers: dict[str, Any], steps: int) -> dict[str, list[tuple[float, dict[str, float]]]]:
-    """(seconds, metrics) of every step of every row; step r runs the rows in rotated order."""
-    out: dict[str, list[tuple[float, dict[str, float]]]] = {k: [] for k in steppers}
-    names = list(steppers)
-    for r in range(steps):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            secs, metrics = steppers[name].step(with_tasks=False)
-            out[name].append((secs, metrics))
-            print(f"  step {r + 1:2d} {name:<10} {secs:6.2f} s  old_log_prob {metrics['timing_s/old_log_prob']:.2f} s")
-    return out
 
 
 def main() -> None:
@@ -74,7 +63,19 @@ def main() -> None:
     items = T.load_prompts.fn(
         first.data.train_files, executors["recompute"].tokenizer, first.data.max_prompt_length, "data.train_files"
     )
-    steps = _interleave({k: StepRunner(ex, cfgs[k], items) for k, ex in executors.items()}, args.steps)
+    steppers = {k: StepRunner(ex, cfgs[k], items) for k, ex in executors.items()}
+    metrics: dict[str, list[dict[str, float]]] = {k: [] for k in steppers}  # every step's, for the checks below
+
+    def row(name: str) -> Callable[[], tuple[float, dict[str, float]]]:
+        def step() -> tuple[float, dict[str, float]]:
+            secs, m = steppers[name].step(with_tasks=False)
+            metrics[name].append(m)
+            return secs, m
+
+        return step
+
+    # recompute first: each row's paired ratio is to it, step by step; step 1 warms up
+    timed = interleave({k: row(k) for k in steppers}, args.steps - 1, 1)
 
     uri = f"sqlite:///{OUT.resolve()}/mlflow.db"
     rows: dict[str, Any] = {}
@@ -84,23 +85,22 @@ def main() -> None:
             recipe="tiny-dapo", overrides=[f"tracking.uri={uri}"], model=str(model), metrics_path=None,
             run_name=f"pi-old-{name}-s{args.seed}",
         )  # fmt: skip
-        timed = steps[name][1:]  # step 1 warms up
+        t = timed[name]
         rows[name] = {
-            "median_step_s": round(statistics.median(s for s, _ in timed), 4),
-            "phases_s": {p: round(statistics.median(m[f"timing_s/{p}"] for _, m in timed), 4) for p in PHASES},
-            "steps_s": [round(s, 3) for s, _ in steps[name]],
+            "median_step_s": t["median_s"],
+            "phases_s": {p: t["phases_s"][p] for p in PHASES},
+            "steps_s": t["steps_s"],
             "heldout_acc": ev["mean_acc"],
-            "train_acc_last": steps[name][-1][1]["train/acc/mean"],
-            "entropy_last": steps[name][-1][1]["actor/entropy"],
+            "train_acc_last": metrics[name][-1]["train/acc/mean"],
+            "entropy_last": metrics[name][-1]["actor/entropy"],
         }
-    paired = sorted(a[0] / b[0] for a, b in zip(steps["rollout"][1:], steps["recompute"][1:], strict=True))
-    ratio = statistics.median(paired)
+    ratio, iqr = timed["rollout"]["paired_ratio"], timed["rollout"]["paired_ratio_iqr"]
     # the same samples, as far as the step's metrics show: equal mean length, score and accuracy, to the last bit
     keys = ("response_length/mean", "critic/score/mean", "train/acc/mean")
-    same = [all(a[1][k] == b[1][k] for k in keys) for a, b in zip(*steps.values(), strict=True)]
+    same = [all(a[k] == b[k] for k in keys) for a, b in zip(*metrics.values(), strict=True)]
     summary = {
-        "ratio_rollout_to_recompute": round(ratio, 4),
-        "ratio_iqr": [round(paired[len(paired) // 4], 4), round(paired[(3 * len(paired)) // 4], 4)],
+        "ratio_rollout_to_recompute": ratio,
+        "ratio_iqr": iqr,
         "steps_on_the_same_samples": same.index(False) if False in same else len(same),
         "heldout_acc": {k: r["heldout_acc"] for k, r in rows.items()},
     }
@@ -116,7 +116,7 @@ def main() -> None:
         )
     table += [
         "",
-        f"rollout / recompute time per step: **{ratio:.2f}x** (median of the {len(paired)} paired steps; "
+        f"rollout / recompute time per step: **{ratio:.2f}x** (median of the {args.steps - 1} paired steps; "
         f"interquartile {summary['ratio_iqr'][0]:.2f}-{summary['ratio_iqr'][1]:.2f}x). The two runs' mean response "
         f"length, score and accuracy were equal for their first {summary['steps_on_the_same_samples']} of "
         f"{args.steps} steps. Seed {args.seed}, "
