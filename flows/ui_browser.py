@@ -32,6 +32,7 @@ CHROMIUM = os.environ.get("DAPO_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 TERMINAL_STATES = ("Completed", "Failed", "Crashed", "Cancelled")
+FLOW_RUN_URL = re.compile(r"/runs/flow-run/([0-9a-f-]{36})")
 
 
 def chromium_missing() -> str | None:
@@ -102,17 +103,38 @@ def fill_custom_run(
         switch = parameter(page, name).get_by_role("switch")
         if (switch.get_attribute("aria-checked") == "true") != on:
             switch.click()
+    name_input = page.locator("input[name=name]")
+    if name_input.input_value() != run_name:  # the form's generated name arrived after ours: type it again
+        name_input.fill(run_name)
 
 
-def submit_custom_run(page: Page, run_name: str) -> str:
-    """Submit the filled form; the UI goes back to the deployment's runs, where the new run is opened by its name.
-    Returns the flow run's id (from the flow run page's address)."""
+def submit_custom_run(page: Page, run_name: str, timeout_s: float = 120.0) -> str:
+    """Submit the filled form and open the new run's page; returns the flow run's id (from its address).
+
+    Prefect's UI goes to the new flow run's page, or back to the deployment's runs (then the run is opened by its
+    name). A form that stays put fails with what the page says (its toasts and alerts), not a bare timeout."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    form_url = page.url
     page.get_by_role("button", name="Submit").click()
-    page.get_by_role("link", name=run_name, exact=True).first.click()
-    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]{36}"))
-    match = re.search(r"/runs/flow-run/([0-9a-f-]{36})", page.url)
+    try:
+        page.wait_for_url(lambda url: url != form_url, timeout=timeout_s * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"the run form did not submit within {timeout_s:.0f}s ({page.url}); the page says: {page_messages(page)}"
+        ) from None
+    if not FLOW_RUN_URL.search(page.url):
+        page.get_by_role("link", name=run_name, exact=True).first.click()
+        page.wait_for_url(FLOW_RUN_URL)
+    match = FLOW_RUN_URL.search(page.url)
     assert match, page.url
     return match.group(1)
+
+
+def page_messages(page: Page) -> str:
+    """The toasts and alerts on the page (an error of the form's submission, say), or "(nothing)"."""
+    texts = page.locator("[data-sonner-toast], [role=alert], [role=status]").all_inner_texts()
+    return " | ".join(" ".join(t.split()) for t in texts if t.strip()) or "(nothing)"
 
 
 def start_custom_run(page: Page, prefect_url: str, deployment: str, *, run_name: str, **form: object) -> str:

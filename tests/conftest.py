@@ -84,7 +84,17 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_unconfigure(config):
-    """Remove the session's own stores."""
+    """Stop Prefect's temporary API servers (flows run without an API URL start one), then remove the session's
+    own stores. Prefect would stop them at exit, logging to a stream pytest has closed by then: a "Logging error"
+    traceback that pushed the failure summary out of the end of CI's log."""
+    import logging
+    import sys
+
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is not None:
+        logging.getLogger("prefect").disabled = True  # its "Stopping temporary server" line has nowhere to go
+        for server in list(server_module.SubprocessASGIServer._instances.values()):
+            server.stop()
     shutil.rmtree(TEST_STORES, ignore_errors=True)
 
 

@@ -71,7 +71,7 @@ def _logs(s: ui.UiSettings) -> str:
 def page(browser, tmp_path, request):
     """A fresh page; when the test fails, the page as it was is kept: tmp_path/failure.png and failure.html."""
     page = browser.new_page(viewport=B.VIEWPORT)
-    page.set_default_timeout(60_000)  # a busy 2-core machine: the UIs' first loads take seconds
+    page.set_default_timeout(120_000)  # a busy 2-core machine: the UIs' first loads take seconds
     yield page
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
@@ -121,3 +121,11 @@ def test_a_run_started_in_the_prefect_ui_shows_in_the_mlflow_ui(browser, uis, pa
     chart = page.locator("h4[title='data/val']")  # the chart of data/val ...
     chart.scroll_into_view_if_needed()
     page.locator("text[data-unformatted='25.00']").first.wait_for()  # ... with its value
+
+
+def test_a_form_that_does_not_submit_fails_with_what_the_page_says(browser) -> None:
+    page = browser.new_page()
+    page.set_content("<form><button type=button>Submit</button></form><div role=alert>Failed to create run</div>")
+    with pytest.raises(AssertionError, match="did not submit within 1s .*Failed to create run"):
+        B.submit_custom_run(page, "some-run", timeout_s=1)
+    page.close()
