@@ -116,12 +116,13 @@ def submit_custom_run(page: Page, run_name: str, timeout_s: float = 120.0) -> st
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     form_url = page.url
-    page.get_by_role("button", name="Submit").click()
-    try:
+    try:  # a Submit that stays disabled (the form found an error) times out here too
+        page.get_by_role("button", name="Submit").click(timeout=timeout_s * 1000)
         page.wait_for_url(lambda url: url != form_url, timeout=timeout_s * 1000)
-    except PlaywrightTimeout:
+    except PlaywrightTimeout as error:
         raise AssertionError(
-            f"the run form did not submit within {timeout_s:.0f}s ({page.url}); the page says: {page_messages(page)}"
+            f"the run form did not submit within {timeout_s:.0f}s ({page.url}); the page says: {page_messages(page)}; "
+            f"{str(error).splitlines()[0]}"
         ) from None
     if not FLOW_RUN_URL.search(page.url):
         page.get_by_role("link", name=run_name, exact=True).first.click()
@@ -132,8 +133,9 @@ def submit_custom_run(page: Page, run_name: str, timeout_s: float = 120.0) -> st
 
 
 def page_messages(page: Page) -> str:
-    """The toasts and alerts on the page (an error of the form's submission, say), or "(nothing)"."""
-    texts = page.locator("[data-sonner-toast], [role=alert], [role=status]").all_inner_texts()
+    """The toasts, alerts and form-field messages on the page (why a submission failed, say), or "(nothing)"."""
+    found = page.locator("[data-sonner-toast], [role=alert], [role=status], [data-slot=form-message]")
+    texts = found.all_inner_texts()
     return " | ".join(" ".join(t.split()) for t in texts if t.strip()) or "(nothing)"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,17 @@ def page(browser, tmp_path, request):
 def test_a_run_started_in_the_prefect_ui_shows_in_the_mlflow_ui(browser, uis, page):
 
     # Prefect UI: Deployments -> curate -> Run -> Custom run, the form filled like a user does, Submit
-    B.open_deployment(page, uis.prefect_url, "curate")
-    B.fill_custom_run(page, run_name="browser-curate", config_path=PARAMS, overrides=SMALL)
-    assert B.parameter(page, "output_dir").locator("textarea").input_value() == "outputs/curated"  # the default
-    flow_run_id = B.submit_custom_run(page, "browser-curate")
+    for attempt in (1, 2):
+        B.open_deployment(page, uis.prefect_url, "curate")
+        B.fill_custom_run(page, run_name="browser-curate", config_path=PARAMS, overrides=SMALL)
+        assert B.parameter(page, "output_dir").locator("textarea").input_value() == "outputs/curated"  # the default
+        try:
+            flow_run_id = B.submit_custom_run(page, "browser-curate")
+            break
+        except AssertionError as error:  # the form stayed put (once seen in CI): fill it once more, say why
+            if attempt == 2:
+                raise
+            warnings.warn(f"the Prefect UI's run form, first try: {error}", stacklevel=1)
     state = B.wait_for_flow_run(page, uis.prefect_url, flow_run_id, timeout_s=300)
     assert state == "Completed", _logs(uis)
     page.get_by_text("Task Runs", exact=True).click()
@@ -126,6 +134,9 @@ def test_a_run_started_in_the_prefect_ui_shows_in_the_mlflow_ui(browser, uis, pa
 def test_a_form_that_does_not_submit_fails_with_what_the_page_says(browser) -> None:
     page = browser.new_page()
     page.set_content("<form><button type=button>Submit</button></form><div role=alert>Failed to create run</div>")
-    with pytest.raises(AssertionError, match="did not submit within 1s .*Failed to create run"):
+    with pytest.raises(AssertionError, match=r"did not submit within 1s .*Failed to create run"):
+        B.submit_custom_run(page, "some-run", timeout_s=1)
+    page.set_content("<button disabled>Submit</button><p data-slot=form-message>overrides: not a list</p>")
+    with pytest.raises(AssertionError, match=r"did not submit .*overrides: not a list; .*Timeout"):
         B.submit_custom_run(page, "some-run", timeout_s=1)
     page.close()
