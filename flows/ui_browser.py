@@ -149,8 +149,9 @@ def start_custom_run(page: Page, prefect_url: str, deployment: str, *, run_name:
 def flow_run_state(page: Page) -> str | None:
     """The state badge at the top of a flow run page (``Completed``, ``Running`` ...), or None before it shows."""
     badges = page.locator("main [data-slot=badge]").filter(has_text=re.compile(r"^\s*[A-Z][a-zA-Z]+\s*$"))
-    for i in range(badges.count()):
-        text = badges.nth(i).inner_text().strip()
+    # one snapshot of every badge's text: counting, then reading the i-th, waits forever for a badge that a
+    # re-render removed in between (seen: a Completed run's page timed out on badge 1 of a list of 2)
+    for text in (t.strip() for t in badges.all_inner_texts()):
         if text in (*TERMINAL_STATES, "Scheduled", "Pending", "Running", "Late", "Paused", "Cancelling"):
             return text
     return None
