@@ -154,3 +154,35 @@ def split_rows(batch: PolicyBatch, rows_per_split: int) -> list[PolicyBatch]:
     if rows_per_split <= 0:
         raise ValueError(f"rows_per_split must be > 0, got {rows_per_split}")
     return [batch.select(slice(s, s + rows_per_split)) for s in range(0, batch.num_responses, rows_per_split)]
+
+
+def sorted_by_length(batch: PolicyBatch) -> PolicyBatch:
+    """Rows sorted by real length, so each micro-batch is trimmed to similar widths (up to ~1/3 less padding
+    compute here). The mini-batch gradient is the same sum in another order (global denominators)."""
+    order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)  # (N,)
+    return batch.select(order)
+
+
+def trim_padding(batch: PolicyBatch) -> PolicyBatch:
+    """Drop columns that are padding in every row (left of prompts, right of responses) to save compute."""
+    used = batch.attention_mask.any(dim=0)  # (P+T,)
+    prompt_used = torch.nonzero(used[: batch.prompt_width]).squeeze(-1)
+    start = int(prompt_used[0]) if prompt_used.numel() else batch.prompt_width - 1
+    resp_len = int(batch.response_mask.sum(dim=0).nonzero().max()) + 1 if batch.response_mask.any() else 1
+    stop = batch.prompt_width + resp_len
+    return PolicyBatch(
+        input_ids=batch.input_ids[:, start:stop],
+        attention_mask=batch.attention_mask[:, start:stop],
+        position_ids=batch.position_ids[:, start:stop],
+        response_mask=batch.response_mask[:, :resp_len],
+        prompt_width=batch.prompt_width - start,
+        group_index=batch.group_index,
+        advantages=batch.advantages,
+        old_log_probs=None if batch.old_log_probs is None else batch.old_log_probs[:, :resp_len],
+        truncated=batch.truncated,
+        # per-token extras (N, T) lose the same columns; per-row ones stay as they are
+        extras={
+            k: v[:, :resp_len] if v.dim() == 2 and v.shape[1] == batch.response_width else v
+            for k, v in batch.extras.items()
+        },
+    )

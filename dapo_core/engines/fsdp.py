@@ -145,11 +145,25 @@ def filler_micro_batch(device: torch.device) -> PolicyBatch:
 
 def _max_over_ranks(values: list[int], device: torch.device) -> list[int]:
     """Element-wise max of a small integer vector over the ranks (one all-reduce; itself without a group)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if world_size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [int(v) for v in t.tolist()]
+
+
+def world_size() -> int:
+    """The number of ranks; 1 without an initialised process group."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def sum_over_ranks(value: float, device: torch.device) -> float:
+    """Collective: ``value`` summed over the ranks in float64 (itself without a group), e.g. a token count."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
 
 
 def most_over_ranks(count: int, device: torch.device) -> int:

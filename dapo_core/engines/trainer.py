@@ -39,7 +39,7 @@ from dapo_core.algorithm import (
     masked_sum,
     policy_loss,
 )
-from dapo_core.engines.batch import PolicyBatch, split_by_groups, split_rows
+from dapo_core.engines.batch import PolicyBatch, sorted_by_length, split_by_groups, split_rows, trim_padding
 from dapo_core.engines.fsdp import (
     agreed_mini_batch_count,
     enable_activation_checkpointing,
@@ -47,6 +47,8 @@ from dapo_core.engines.fsdp import (
     full_value,
     is_fsdp,
     most_over_ranks,
+    sum_over_ranks,
+    world_size,
 )
 from dapo_core.engines.optim import OptimConfig, lr_lambda, scaled_lr, short_mini_batch_scales
 
@@ -77,53 +79,6 @@ class LossConfig:
     loss_agg: str = "token-mean"
     norm_length: int | None = None
     entropy_coef: float = 0.0
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_reduce_sum(value: float, device: torch.device) -> float:
-    _, world = _world()
-    if world == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return float(t.item())
-
-
-def _by_length(batch: PolicyBatch) -> PolicyBatch:
-    """Rows sorted by real length, so each micro-batch is trimmed to similar widths (up to ~1/3 less padding
-    compute here). The mini-batch gradient is the same sum in another order (global denominators)."""
-    order = torch.argsort(batch.attention_mask.sum(dim=1), stable=True)  # (N,)
-    return batch.select(order)
-
-
-def _trim(batch: PolicyBatch) -> PolicyBatch:
-    """Drop columns that are padding in every row (left of prompts, right of responses) to save compute."""
-    used = batch.attention_mask.any(dim=0)  # (P+T,)
-    prompt_used = torch.nonzero(used[: batch.prompt_width]).squeeze(-1)
-    start = int(prompt_used[0]) if prompt_used.numel() else batch.prompt_width - 1
-    resp_len = int(batch.response_mask.sum(dim=0).nonzero().max()) + 1 if batch.response_mask.any() else 1
-    stop = batch.prompt_width + resp_len
-    return PolicyBatch(
-        input_ids=batch.input_ids[:, start:stop],
-        attention_mask=batch.attention_mask[:, start:stop],
-        position_ids=batch.position_ids[:, start:stop],
-        response_mask=batch.response_mask[:, :resp_len],
-        prompt_width=batch.prompt_width - start,
-        group_index=batch.group_index,
-        advantages=batch.advantages,
-        old_log_probs=None if batch.old_log_probs is None else batch.old_log_probs[:, :resp_len],
-        truncated=batch.truncated,
-        # per-token extras (N, T) lose the same columns; per-row ones stay as they are
-        extras={
-            k: v[:, :resp_len] if v.dim() == 2 and v.shape[1] == batch.response_width else v
-            for k, v in batch.extras.items()
-        },
-    )
 
 
 class PolicyTrainer:
@@ -207,7 +162,7 @@ class PolicyTrainer:
         return [*micros, *([None] * (most_over_ranks(len(micros), self.device) - len(micros)))]
 
     def _prepare(self, micro: PolicyBatch | None) -> PolicyBatch:
-        return filler_micro_batch(self.device) if micro is None else _trim(micro).to(self.device)
+        return filler_micro_batch(self.device) if micro is None else trim_padding(micro).to(self.device)
 
     def _agree_mini_batches(self, minis: list[PolicyBatch], batch: PolicyBatch) -> list[PolicyBatch]:
         """Under FSDP2 every rank takes the same optimizer steps: mini-batch counts must agree, except that a rank
@@ -297,7 +252,7 @@ class PolicyTrainer:
             if given is not None:
                 scales.append(given[index % len(given)])
             else:  # a collective under data parallel, like the denominators: every rank runs it per mini-batch
-                groups = _all_reduce_sum(float(mini.group_index.unique().numel()), self.device)
+                groups = sum_over_ranks(float(mini.group_index.unique().numel()), self.device)
                 scales.append(min(1.0, groups / mini_batch_groups))
             m = self._update_mini_batch(mini, loss_cfg, lr_scale=scales[-1])
             for k, v in m.items():
@@ -317,14 +272,14 @@ class PolicyTrainer:
     def _update_mini_batch(self, mini: PolicyBatch, loss_cfg: LossConfig, *, lr_scale: float) -> dict[str, float]:
         assert mini.advantages is not None and mini.old_log_probs is not None
         # Global denominators over the whole mini-batch (all micro-batches, all ranks), with the loss mask.
-        num_tokens = _all_reduce_sum(float(mini.response_mask.sum()), self.device)
-        num_seqs = _all_reduce_sum(float((mini.response_mask.sum(dim=1) > 0).sum()), self.device)
+        num_tokens = sum_over_ranks(float(mini.response_mask.sum()), self.device)
+        num_seqs = sum_over_ranks(float((mini.response_mask.sum(dim=1) > 0).sum()), self.device)
         # Dr. GRPO's constant: the configured length, else the mini-batch's padded width (same for every micro)
         norm_length = loss_cfg.norm_length if loss_cfg.norm_length is not None else mini.response_width
         self.optimizer.zero_grad(set_to_none=True)
         weighted = dict.fromkeys(_TOKEN_WEIGHTED, 0.0)  # the same keys on every rank (all-reduced below)
         loss_total = 0.0
-        micros = self._lockstep(split_rows(_by_length(mini), self.micro_batch_size))
+        micros = self._lockstep(split_rows(sorted_by_length(mini), self.micro_batch_size))
         for index, micro in enumerate(micros):
             mb = self._prepare(micro)
             assert mb.old_log_probs is not None and mb.advantages is not None
@@ -379,14 +334,13 @@ class PolicyTrainer:
         else:
             logger.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
             self.optimizer.zero_grad(set_to_none=True)
-        out = {k: _all_reduce_sum(v, self.device) / max(num_tokens, 1.0) for k, v in weighted.items()}
-        out["pg_loss"] = _all_reduce_sum(loss_total, self.device)
+        out = {k: sum_over_ranks(v, self.device) / max(num_tokens, 1.0) for k, v in weighted.items()}
+        out["pg_loss"] = sum_over_ranks(loss_total, self.device)
         out["grad_norm"] = float(grad_norm)
         return out
 
     def _all_reduce_grads(self) -> None:
-        _, world = _world()
-        if world == 1 or self.fsdp:  # FSDP2 already reduce-scattered (summed) them in backward
+        if world_size() == 1 or self.fsdp:  # FSDP2 already reduce-scattered (summed) them in backward
             return
         for p in self.model.parameters():
             if p.grad is not None:
@@ -396,10 +350,10 @@ class PolicyTrainer:
     def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
         """One supervised step: token-mean NLL of the response tokens (the base model's warm start)."""
         self.model.train()
-        num_tokens = _all_reduce_sum(float(batch.response_mask.sum()), self.device)
+        num_tokens = sum_over_ranks(float(batch.response_mask.sum()), self.device)
         self.optimizer.zero_grad(set_to_none=True)
         total, correct = 0.0, 0.0
-        micros = self._lockstep(split_rows(_by_length(batch), self.micro_batch_size))
+        micros = self._lockstep(split_rows(sorted_by_length(batch), self.micro_batch_size))
         for index, micro in enumerate(micros):
             mb = self._prepare(micro)
             logits = self._forward_logits(mb)  # (n, T, V)
@@ -419,8 +373,8 @@ class PolicyTrainer:
         self.scheduler.step()
         self.global_step += 1
         return {
-            "loss": _all_reduce_sum(total, self.device),
-            "token_acc": _all_reduce_sum(correct, self.device) / max(num_tokens, 1.0),
+            "loss": sum_over_ranks(total, self.device),
+            "token_acc": sum_over_ranks(correct, self.device) / max(num_tokens, 1.0),
             "grad_norm": float(grad_norm),
             "lr": lr_now,
         }
