@@ -221,11 +221,10 @@ def apply_fsdp2(
             # summed over ranks (factor 1), with plain SUM reductions (no AVG / PREMUL_SUM: gloo lacks them).
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-    world = dist.get_world_size() if dist.is_initialized() else 1
     logger.info(
         "FSDP2: %d decoder layers + root over %d rank(s); params %s, reduce %s, cpu_offload %s, reshard %s",
         len(layers),
-        world,
+        world_size(),
         settings.param_dtype,
         settings.reduce_dtype,
         settings.cpu_offload,
