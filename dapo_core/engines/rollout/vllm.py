@@ -71,13 +71,12 @@ import torch
 from torch import Tensor
 
 from dapo_core.engines.rollout.base import (
-    FINISH_LENGTH,
-    FINISH_STOP,
     RolloutBackend,
     RolloutResult,
     SamplingConfig,
     register_rollout_backend,
 )
+from dapo_core.engines.rollout.vllm_results import to_results
 from dapo_core.engines.rollout.vllm_setup import (
     CPU_MIN_BATCHED_TOKENS,
     checkpoint_weight_names,
@@ -236,7 +235,7 @@ class VllmRollout(RolloutBackend):
     def sampling_params(self, sampling: SamplingConfig, prompt_index: int) -> Any:
         """The ``vllm.SamplingParams`` of global prompt ``prompt_index`` (one per prompt: its own seed)."""
         kwargs: dict[str, Any] = {
-            # vLLM refuses n > 1 with greedy decoding: one sample, copied n times (_to_results)
+            # vLLM refuses n > 1 with greedy decoding: one sample, copied n times (to_results)
             "n": 1 if sampling.temperature == 0 else sampling.n,
             "temperature": sampling.temperature,  # 0 -> greedy
             "top_p": sampling.top_p,
@@ -276,52 +275,13 @@ class VllmRollout(RolloutBackend):
             echoed = getattr(output, "prompt_token_ids", None)
             if echoed is not None and list(echoed) != list(prompt):
                 raise RuntimeError(f"vLLM output {i} belongs to another prompt: outputs must follow input order")
-            results.extend(self._to_results(prompt_index_offset + i, prompt, output, sampling))
-        return results
-
-    def _to_results(
-        self, prompt_index: int, prompt: list[int], output: Any, sampling: SamplingConfig
-    ) -> list[RolloutResult]:
-        completions = sorted(output.outputs, key=lambda c: int(c.index))
-        asked = 1 if sampling.temperature == 0 else sampling.n
-        if [int(c.index) for c in completions] != list(range(asked)):
-            raise RuntimeError(
-                f"vLLM returned samples {[c.index for c in completions]} for prompt {prompt_index}, "
-                f"expected 0..{asked - 1}"
-            )
-        if asked < sampling.n:  # greedy: every sample is the one greedy response
-            completions = completions * sampling.n
-        eos = set(self.eos_token_ids)
-        results = []
-        for j, completion in enumerate(completions):
-            ids = [int(t) for t in completion.token_ids]
-            reason = completion.finish_reason
-            if reason not in ("stop", "length"):
-                raise RuntimeError(
-                    f"vLLM finished sample {j} of prompt {prompt_index} with finish_reason {reason!r} (aborted?); "
-                    "only 'stop' and 'length' are complete responses"
+            results.extend(
+                to_results(
+                    prompt_index_offset + i, prompt, output, sampling,
+                    eos_token_ids=self.eos_token_ids, tokenizer=self.tokenizer,
                 )
-            # EOS-terminated = not truncated, also when the EOS was the last allowed token (as the hf backend)
-            stopped = reason == "stop" or (bool(ids) and ids[-1] in eos)
-            results.append(
-                RolloutResult(
-                    prompt_index=prompt_index,
-                    sample_index=j,
-                    prompt_ids=list(prompt),
-                    response_ids=ids,
-                    response_length=len(ids),
-                    truncated=not stopped,
-                    finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
-                    log_probs=_sampled_log_probs(completion, ids, prompt_index, j)
-                    if sampling.return_log_probs
-                    else None,
-                    text=self._decode(ids) if self.tokenizer is not None else str(completion.text),
-                )
-            )
+            )  # fmt: skip
         return results
-
-    def _decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
@@ -450,24 +410,3 @@ class VllmRollout(RolloutBackend):
         del llm
         if cuda_available():
             torch.cuda.empty_cache()
-
-
-def _sampled_log_probs(completion: Any, ids: list[int], prompt_index: int, sample_index: int) -> list[float]:
-    """The raw log-prob of each sampled token, aligned with ``ids`` (from ``SamplingParams(logprobs=0)``)."""
-    entries = completion.logprobs
-    if entries is None or len(entries) != len(ids):
-        got = "none" if entries is None else str(len(entries))
-        raise RuntimeError(
-            f"vLLM returned {got} log-prob entries for the {len(ids)} tokens of sample {sample_index} of prompt "
-            f"{prompt_index}; SamplingParams(logprobs=0) must give one per token"
-        )
-    out = []
-    for k, token in enumerate(ids):
-        entry = entries[k].get(token)
-        if entry is None:
-            raise RuntimeError(
-                f"vLLM log-probs of prompt {prompt_index} sample {sample_index} lack the sampled token {token} at "
-                f"position {k}"
-            )
-        out.append(float(getattr(entry, "logprob", entry)))
-    return out
