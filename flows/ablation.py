@@ -57,7 +57,7 @@ from flows.base_model import base_model_flow, warm_start_settings
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
-from tasks import flow_runs, tracking
+from tasks import flow_runs, tracking, tracking_store
 from tasks.base_model import read_exclusions
 from tasks.evaluate import load_run_histories
 
@@ -229,8 +229,8 @@ def ablation_flow(
     )  # fmt: skip
     tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
     parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
-    parent_id = journal.parent_run_id if resume and tracking.run_exists(cfg, journal.parent_run_id) else None
-    interrupted = tracking.run_tag(cfg, parent_id, "prefect.flow_run_id") if parent_id else None
+    parent_id = journal.parent_run_id if resume and tracking_store.run_exists(cfg, journal.parent_run_id) else None
+    interrupted = tracking_store.run_tag(cfg, parent_id, "prefect.flow_run_id") if parent_id else None
     with tracking.start_run(cfg, run_name=parent_name, run_id=parent_id, tags=tags) as parent:
         journal.set_parent(parent.info.run_id)
         if flow_runs.mark_resumed(interrupted):  # the killed ablation's flow run: CRASHED, naming this one

@@ -27,7 +27,7 @@ from dapo_core.training.health import HealthMonitor
 from dapo_core.training.overlap import RolloutPrefetcher
 from dapo_core.training.prompts import PromptSampler
 from dapo_core.training.step import zero_variance_flags
-from tasks import flow_runs, tracking
+from tasks import flow_runs, tracking, tracking_store
 from tasks import train as T
 from tasks.train_logging import (
     finish_run_artifacts,
@@ -161,7 +161,7 @@ def run_training(
 
         tags = {**run_tags(cfg, run_name), **extra_tags}
         # the flow run of the interrupted process (linked on the MLflow run), before this one's link replaces it
-        interrupted = tracking.run_tag(cfg, run_id, "prefect.flow_run_id") if run_id else None
+        interrupted = tracking_store.run_tag(cfg, run_id, "prefect.flow_run_id") if run_id else None
         with tracking.start_run(cfg, run_name=run_name, run_id=run_id, nested=nested, tags=tags) as run:
             run_id = run.info.run_id
             tracking.log_params_flat(cfg)
@@ -169,7 +169,7 @@ def run_training(
             if resume_from is not None:
                 if flow_runs.mark_resumed(interrupted):
                     tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
-                removed = tracking.truncate_metrics_after(run_id, start_step)
+                removed = tracking_store.truncate_metrics_after(run_id, start_step)
                 plog.info("removed %d metric points logged after step %d by the interrupted run", removed, start_step)
             elif cfg.trainer.val_before_train:
                 validate(executor, quote(val_items), quote(cfg), step=0)
@@ -222,7 +222,7 @@ def _finished(resume_from: dict[str, Any] | None, cfg: DapoConfig, out_dir: Path
     the run RUNNING: that resume runs no step and does the rest."""
     if resume_from is None or resume_from["step"] < cfg.trainer.total_steps or not (out_dir / "final").is_dir():
         return False
-    status = tracking.run_status(cfg, resume_from["meta"].get("mlflow_run_id"))
+    status = tracking_store.run_status(cfg, resume_from["meta"].get("mlflow_run_id"))
     return status in (None, "FINISHED")  # None: no such run in the store (nothing to finish there)
 
 

@@ -36,7 +36,7 @@ from dapo_core.engines.models import ModelNotFoundError
 from dapo_core.evaluation import DEFAULT_PASS_KS, DEFAULT_REFLECTION_PHRASES, EvalReport, evaluate
 from dapo_core.evaluation.compare import DEFAULT_CURVES, VAL_ACC_PATTERN, CompareResult, compare_runs
 from dapo_core.seeding import derive_seed
-from tasks import tracking
+from tasks import tracking, tracking_store
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +331,7 @@ def load_run_histories(
         if label in out:
             label = f"{label} ({run.info.run_id[:8]})"
         keys = [key for key in sorted(run.data.metrics) if _wanted(key, metrics)]
-        out[label] = {key: tracking.metric_history(run.info.run_id, key) for key in keys}
+        out[label] = {key: tracking_store.metric_history(run.info.run_id, key) for key in keys}
     return out
 
 

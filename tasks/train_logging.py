@@ -17,7 +17,7 @@ from dapo_core.engines.executor import Executor
 from dapo_core.faults import armed, fault_point
 from dapo_core.training.plots import PANELS, plot_training_dynamics
 from dapo_core.training.prompts import PromptItem
-from tasks import progress, tracking
+from tasks import progress, tracking, tracking_store
 from tasks.data import dvc_recorded_md5
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ def _histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
 
     keys = [k for k, _ in PANELS if k != "val"]
     keys += [k for k in MlflowClient().get_run(run_id).data.metrics if k.startswith("val/")]
-    return {k: tracking.metric_history(run_id, k) for k in keys}
+    return {k: tracking_store.metric_history(run_id, k) for k in keys}
 
 
 @task(name="finish-run", cache_policy=NO_CACHE)

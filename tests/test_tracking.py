@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dapo_core.config import load_config
-from tasks import tracking
+from tasks import tracking, tracking_store
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ def test_run_params_metrics_tags_tables(cfg, tmp_path):
     data = client.get_run(rid).data
     assert data.params["trainer.lr"] == flat["trainer.lr"]
     assert data.tags["recipe"] == "tiny-dapo" and "git.sha" in data.tags
-    assert tracking.metric_history(rid, "actor/pg_loss") == [(1, 0.5), (2, 0.25)]
+    assert tracking_store.metric_history(rid, "actor/pg_loss") == [(1, 0.5), (2, 0.25)]
     assert "bad" not in data.metrics
     assert client.get_run(rid).info.status == "FINISHED"
     assert (tmp_path / "artifacts").is_dir()
