@@ -40,11 +40,11 @@ Path("benchmarks/results/{name}.json").write_text(json.dumps({{"benchmark": "{na
 
 @pytest.fixture
 def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary repository root: the real suites.py + summary.py, stand-ins for `rewards` (needs nothing) and
+    """A temporary repository root: the real suites.py, summary.py and headlines.py, stand-ins for `rewards` (needs nothing) and
     `overlap` (needs the base model and curated data, absent here), a README with the generated block."""
     bench = tmp_path / "benchmarks"
     (bench / "results").mkdir(parents=True)
-    for name in ("__init__.py", "suites.py", "summary.py"):
+    for name in ("__init__.py", "suites.py", "summary.py", "headlines.py"):
         shutil.copy(REPO / "benchmarks" / name, bench / name)
     for name in ("rewards", "overlap"):
         (bench / f"bench_{name}.py").write_text(STAND_IN.format(name=name))
@@ -57,6 +57,12 @@ def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def summary(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(REPO))  # benchmarks/ is no installed package
     return importlib.import_module("benchmarks.summary")
+
+
+@pytest.fixture
+def headlines(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO))
+    return importlib.import_module("benchmarks.headlines")
 
 
 def _summary_check(*args: str) -> subprocess.CompletedProcess[str]:
@@ -162,29 +168,29 @@ def test_check_fails_when_a_headline_value_changes(tmp_path: Path):
     assert "0.12x bare" in result.stderr and "python -m benchmarks.summary" in result.stderr
 
 
-def test_extractor_headlines(summary: ModuleType):
+def test_extractor_headlines(headlines: ModuleType):
     trl = json.loads((RESULTS / "trl.json").read_text())
-    compares, fig = summary.figures("trl", trl)
+    compares, fig = headlines.figures("trl", trl)
     assert f"{trl['ratio_ours_to_trl']:.2f}x TRL's time per step" in fig.headline and "TRL" in compares
     # fixed payloads in the schemas of the overhead and scaling suites
     overhead = {"summary": {"core_step_s": 4.2, "prefect_frac": 0.021, "mlflow_frac": 0.012, "ray_1x1_frac": 0.062,
                             "prefect_mlflow_frac": 0.031, "prefect_mlflow_cpu_frac": 0.04, "ray_1x1_cpu_frac": 0.05,
                             "ray_2x2_vs_local_frac": -0.25}}  # fmt: skip
-    _, fig = summary.figures("overhead", overhead)
+    _, fig = headlines.figures("overhead", overhead)
     assert fig.headline == (
         "core step 4.20 s; Prefect + MLflow +3.1% (CPU +4.0%; Prefect alone +2.1%), Ray 1x1 +6.2% (CPU +5.0%), "
         "Ray 2x2 vs local at 2 threads -25.0%"
     )
     assert fig.met is False  # Ray 1x1 is over 5%
     overhead["summary"]["ray_1x1_frac"] = 0.04
-    assert summary.figures("overhead", overhead)[1].met is True
+    assert headlines.figures("overhead", overhead)[1].met is True
     scaling = {"fit": {"s_per_1k_tokens": 0.125, "intercept_s": 0.5, "r2": 0.998, "mb_per_1k_tokens": 3.5,
                        "mb_r2": 0.99}, "projection": {"label": "32B", "hours_per_step": 1.25}}  # fmt: skip
-    _, fig = summary.figures("scaling", scaling)
+    _, fig = headlines.figures("scaling", scaling)
     assert "step s = 0.5 + 0.125 per 1k generated tokens (R² 0.998)" in fig.headline
     assert "3.5 MB per 1k token positions" in fig.headline and "a projection: 1.2 h per rollout step" in fig.headline
 
 
-def test_unknown_suite_or_missing_key_points_to_its_table(summary: ModuleType):
-    assert summary.figures("scaling", {"fit": {}})[1].headline == "see scaling.md"
-    assert summary.figures("no_such_suite", {"benchmark": "x"}) == ("—", summary.Figures("see no_such_suite.md"))
+def test_unknown_suite_or_missing_key_points_to_its_table(headlines: ModuleType):
+    assert headlines.figures("scaling", {"fit": {}})[1].headline == "see scaling.md"
+    assert headlines.figures("no_such_suite", {"benchmark": "x"}) == ("—", headlines.Figures("see no_such_suite.md"))
