@@ -38,13 +38,15 @@ def _ui_help(tracking_uri: str) -> str:
 
 def _running_ui_api() -> str | None:
     """The API URL of the Prefect server `make ui` runs for this PREFECT_HOME, if it answers; else None."""
-    from flows import ui
+    from flows import ui, ui_procs
 
     s = ui.saved_settings(ui.UiSettings().state_dir)
     home = os.environ.get("PREFECT_HOME")
     if s is None or not home or os.environ.get("PREFECT_API_URL"):
         return None
-    if Path(s.prefect_home).resolve() != Path(home).resolve() or ui.recorded_process(s, "prefect") is None:
+    if Path(s.prefect_home).resolve() != Path(home).resolve():
+        return None
+    if ui_procs.recorded_process(s.state_dir, "prefect") is None:
         return None
     return f"{s.prefect_url}/api" if ui.prefect_answers(s) else None
 

@@ -9,30 +9,29 @@ Each process runs in its own session (process group), logs to ``outputs/ui/<name
 ``outputs/ui/<name>.pid`` (the PID alone, for ``kill``); ``outputs/ui/ui.json`` records the URLs and stores for
 ``dapo ui status``. Stopping signals each recorded process group (SIGTERM, then SIGKILL after a grace period) and
 removes the PID files; a PID file whose process is gone (or whose PID now belongs to a younger process) is stale
-and only removed. ``dapo serve`` gets ``PREFECT_API_URL`` of this server, ``MLFLOW_TRACKING_URI`` = the store the
-MLflow server shows, and ``DAPO_MLFLOW_UI_URL``, so the runs it starts link to the MLflow UI.
+and only removed (``flows.ui_procs``). ``dapo serve`` gets ``PREFECT_API_URL`` of this server,
+``MLFLOW_TRACKING_URI`` = the store the MLflow server shows, and ``DAPO_MLFLOW_UI_URL``, so the runs it starts link
+to the MLflow UI.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
 from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_URI
+from flows.ui_procs import alive, launch, log_file, pid_file, recorded_process, stop_process
 
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
@@ -40,7 +39,6 @@ LABELS = {"prefect": "Prefect server", "mlflow": "MLflow server", "serve": "dapo
 # the deployments `dapo serve` registers (flows.serve.DEPLOYMENTS; kept here so this module never imports Prefect):
 # `start` returns only once every one of them is on the server, not after the first
 SERVED_STAGES = ("curate", "base-model", "train", "evaluate", "pipeline", "ablation")
-GRACE_S = 15.0
 WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -93,76 +91,6 @@ def default_store_uri() -> str:
 def serve_available() -> bool:
     """Whether this checkout has ``dapo serve`` (flows/cli_serve.py)."""
     return importlib.util.find_spec("flows.cli_serve") is not None
-
-
-# ---------------------------------------------------------------- processes and PID files
-
-
-def _pid_file(s: UiSettings, name: str) -> Path:
-    return Path(s.state_dir) / f"{name}.pid"
-
-
-def _log_file(s: UiSettings, name: str) -> Path:
-    return Path(s.state_dir) / f"{name}.log"
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def recorded_process(s: UiSettings, name: str) -> psutil.Process | None:
-    """The live process a PID file names, or None (no file, process gone, or the PID reused by a younger one).
-
-    A process we started is older than its PID file (written right after the start); a recycled PID is not."""
-    path = _pid_file(s, name)
-    try:
-        pid = int(path.read_text().split()[0])
-        proc = psutil.Process(pid)
-        if proc.create_time() > path.stat().st_mtime + 1.0 or not _alive(proc):
-            return None
-        return proc
-    except (OSError, ValueError, IndexError, psutil.Error):
-        return None
-
-
-def _launch(s: UiSettings, name: str, cmd: Sequence[str], env: dict[str, str]) -> psutil.Process:
-    log = _log_file(s, name).open("w", encoding="utf-8")
-    with log:
-        popen = subprocess.Popen(
-            list(cmd),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own process group: `dapo ui stop` signals exactly it and its children
-        )
-    _pid_file(s, name).write_text(f"{popen.pid}\n")
-    return psutil.Process(popen.pid)
-
-
-def stop_process(proc: psutil.Process, grace_s: float = GRACE_S) -> None:
-    """SIGTERM to the process group ``proc`` leads (and to its descendants), SIGKILL whatever is left after
-    ``grace_s``."""
-    try:
-        family = [proc, *proc.children(recursive=True)]
-        group = os.getpgid(proc.pid) if os.getpgid(proc.pid) == proc.pid else None
-    except (psutil.Error, ProcessLookupError):
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if group is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, sig)
-        for p in family:
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while any(_alive(p) for p in family) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not any(_alive(p) for p in family):
-            return
 
 
 # ---------------------------------------------------------------- readiness
@@ -220,14 +148,14 @@ def _wait(s: UiSettings, name: str, started: dict[str, psutil.Process], ready: C
     deadline = time.monotonic() + s.timeout_s
     while not ready():
         for other, proc in started.items():
-            if not _alive(proc):
-                log = _log_file(s, other)
+            if not alive(proc):
+                log = log_file(s.state_dir, other)
                 raise UiError(
                     f"{LABELS[other]} exited while starting; last lines of {log}:\n{_tail(log)}\n"
                     f"Fix the cause above, then `make ui` again (what was started has been stopped)"
                 )
         if time.monotonic() > deadline:
-            log = _log_file(s, name)
+            log = log_file(s.state_dir, name)
             raise UiError(
                 f"{LABELS[name]} did not become ready within {s.timeout_s:.0f}s ({what}); last lines of {log}:\n"
                 f"{_tail(log)}\nFix the cause above, or wait longer: dapo ui start --timeout {2 * s.timeout_s:.0f}"
@@ -274,11 +202,11 @@ def clear_stale(s: UiSettings) -> dict[str, psutil.Process]:
     """The recorded processes still running; PID files of the others are removed."""
     running = {}
     for name in STOP_ORDER:
-        proc = recorded_process(s, name)
+        proc = recorded_process(s.state_dir, name)
         if proc is not None:
             running[name] = proc
         else:
-            _pid_file(s, name).unlink(missing_ok=True)
+            pid_file(s.state_dir, name).unlink(missing_ok=True)
     return running
 
 
@@ -344,12 +272,12 @@ def start(s: UiSettings, *, serve: bool = True, say: Callable[[str], None] = pri
     started: dict[str, psutil.Process] = {}
     try:
         for name in ("prefect", "mlflow"):  # both at once: each takes 5-15 s on a busy machine
-            started[name] = _launch(s, name, cmds[name], envs[name])
+            started[name] = launch(s.state_dir, name, cmds[name], envs[name])
         _wait(s, "prefect", started, lambda: prefect_answers(s), f"GET {s.prefect_url}/api/health")
         _wait(s, "mlflow", started, lambda: mlflow_answers(s), f"GET {s.mlflow_url}/health")
         if serve:
             since = time.time() - 1.0
-            started["serve"] = _launch(s, "serve", cmds["serve"], envs["serve"])
+            started["serve"] = launch(s.state_dir, "serve", cmds["serve"], envs["serve"])
             registered = f"deployments {', '.join(SERVED_STAGES)} registered on {s.prefect_url}/api"
             every = set(SERVED_STAGES)
             _wait(s, "serve", started, lambda: every <= set(served_deployments(s, since)), registered)
@@ -357,7 +285,7 @@ def start(s: UiSettings, *, serve: bool = True, say: Callable[[str], None] = pri
         for name in STOP_ORDER:
             if name in started:
                 stop_process(started[name], grace_s=5.0)
-                _pid_file(s, name).unlink(missing_ok=True)
+                pid_file(s.state_dir, name).unlink(missing_ok=True)
         raise
     state = {**asdict(s), "prefect_url": s.prefect_url, "mlflow_url": s.mlflow_url, "serve": serve}
     (Path(s.state_dir) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
@@ -368,10 +296,10 @@ def stop(s: UiSettings, say: Callable[[str], None] = print) -> list[str]:
     """Stop the recorded processes (serve, then the servers) and remove their PID files; returns what it stopped."""
     stopped = []
     for name in STOP_ORDER:
-        path = _pid_file(s, name)
+        path = pid_file(s.state_dir, name)
         if not path.exists():
             continue
-        proc = recorded_process(s, name)
+        proc = recorded_process(s.state_dir, name)
         if proc is None:
             say(f"{LABELS[name]}: not running (stale PID file {path} removed)")
         else:
@@ -405,9 +333,9 @@ def status(s: UiSettings) -> dict[str, str]:
     out = {}
     with_serve = _saved_state(s.state_dir).get("serve", True)  # False: started with --no-serve
     for name in ("prefect", "mlflow", *(["serve"] if with_serve else [])):
-        proc = recorded_process(s, name)
+        proc = recorded_process(s.state_dir, name)
         if proc is None:
-            stale = " (stale PID file)" if _pid_file(s, name).exists() else ""
+            stale = " (stale PID file)" if pid_file(s.state_dir, name).exists() else ""
             out[name] = f"not running{stale}"
         elif name in checks:
             answers, url = checks[name]

@@ -25,7 +25,8 @@ from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.data.card import CARD_JSON, CARD_MD, build_card, render_markdown, write_card
-from dapo_core.data.curate import CurationConfig, CurationResult, SyntheticDataConfig, curate
+from dapo_core.data.curate import CurationConfig, SyntheticDataConfig, curate
+from dapo_core.data.curate_report import CurationResult
 from dapo_core.data.freshness import check_unchanged
 from dapo_core.data.loaders import SourceRows, SourceSpec, file_md5, load_source
 from dapo_core.data.schema import write_rl_parquet

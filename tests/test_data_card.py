@@ -14,7 +14,8 @@ from dapo_core.data.card import (
     render_markdown,
     write_card,
 )
-from dapo_core.data.curate import DROP_REASONS, INTEGER_ANSWER, curate
+from dapo_core.data.curate import INTEGER_ANSWER, curate
+from dapo_core.data.curate_report import DROP_REASONS
 from dapo_core.data.loaders import load_source
 from dapo_core.data.templates import load_token_counter
 

@@ -18,13 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dapo_core.data.curate import (
-    DROP_REASONS,
     INTEGER_ANSWER,
     curate,
     integer_ground_truth,
     normalize_problem,
     problem_key,
 )
+from dapo_core.data.curate_report import DROP_REASONS
 from dapo_core.data.loaders import load_source
 from dapo_core.data.templates import DAPO_TEMPLATE, TINY_TEMPLATE
 

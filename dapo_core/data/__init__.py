@@ -25,9 +25,9 @@ from dapo_core.data.schema import (
 _LAZY = {
     "dapo_core.data.card": ("build_card", "dataset_digest", "render_markdown", "write_card"),
     "dapo_core.data.curate": (
-        "DROP_REASONS", "CurationConfig", "CurationReport", "CurationResult", "SyntheticDataConfig", "curate",
-        "integer_ground_truth", "problem_key",
+        "CurationConfig", "SyntheticDataConfig", "curate", "integer_ground_truth", "problem_key",
     ),
+    "dapo_core.data.curate_report": ("DROP_REASONS", "CurationReport", "CurationResult"),
     "dapo_core.data.loaders": (
         "SourceRows", "SourceSpec", "available_loaders", "get_loader", "load_source", "register_loader",
     ),
@@ -40,16 +40,8 @@ _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:
     from dapo_core.data.card import build_card, dataset_digest, render_markdown, write_card
-    from dapo_core.data.curate import (
-        DROP_REASONS,
-        CurationConfig,
-        CurationReport,
-        CurationResult,
-        SyntheticDataConfig,
-        curate,
-        integer_ground_truth,
-        problem_key,
-    )
+    from dapo_core.data.curate import CurationConfig, SyntheticDataConfig, curate, integer_ground_truth, problem_key
+    from dapo_core.data.curate_report import DROP_REASONS, CurationReport, CurationResult
     from dapo_core.data.loaders import (
         SourceRows,
         SourceSpec,

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dapo_core.data.curate import DROP_REASONS, CurationResult
+from dapo_core.data.curate_report import DROP_REASONS, CurationResult
 from dapo_core.data.schema import ProblemRecord
 
 CARD_VERSION = 1

@@ -27,12 +27,13 @@ import hashlib
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from dapo_core.data.curate_report import DROP_REASONS, CurationReport, CurationResult, DropExample, SourceReport
 from dapo_core.data.loaders import Column, SourceRows, SourceSpec
 from dapo_core.data.schema import ProblemRecord
 from dapo_core.data.templates import PromptTemplate, TokenCounter, get_template, strip_template
@@ -41,15 +42,6 @@ from dapo_core.rewards import normalize_final_answer
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DROP_REASONS: tuple[str, ...] = (
-    "unreadable_prompt",
-    "missing_field",
-    "non_string_field",
-    "empty_problem",
-    "non_integer_answer",
-    "duplicate",
-    "prompt_too_long",
-)
 _CODE = {reason: i for i, reason in enumerate(DROP_REASONS)}
 _OK = len(DROP_REASONS)
 INTEGER_ANSWER = re.compile(r"-?[0-9]+")  # DAPO: integer answers only (fullmatch, ASCII digits)
@@ -120,59 +112,6 @@ def integer_ground_truth(answer: str) -> str | None:
     """The scorer-normalised answer when it is an integer (``"$1,000$"`` -> ``"1000"``), else None."""
     normalized = normalize_final_answer(answer)
     return normalized if INTEGER_ANSWER.fullmatch(normalized) else None
-
-
-@dataclass
-class DropExample:
-    """One dropped row, to show in the data card: where it was and why."""
-
-    source: str
-    row: int
-    reason: str
-    detail: str
-
-
-@dataclass
-class SourceReport:
-    """Counts of one source: ``rows == kept + sum(dropped.values())``."""
-
-    source: str
-    role: str  # "train" or "val"
-    loader: str
-    digest: str
-    rows: int
-    kept: int
-    dropped: dict[str, int]
-    templates: dict[str, int]  # detected prompt template -> rows ("none": no template)
-
-
-@dataclass
-class CurationReport:
-    sources: list[SourceReport]
-    examples: list[DropExample]
-    conflicting_answers: int  # duplicates whose answer differs from the kept copy's
-
-    @property
-    def rows_in(self) -> int:
-        return sum(s.rows for s in self.sources)
-
-    @property
-    def kept(self) -> int:
-        return sum(s.kept for s in self.sources)
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        return {r: sum(s.dropped[r] for s in self.sources) for r in DROP_REASONS}
-
-
-@dataclass
-class CurationResult:
-    """The curated splits (records with ``split`` and a 0-based ``index``), their prompt token counts, the report."""
-
-    train: list[ProblemRecord]
-    val: list[ProblemRecord]
-    report: CurationReport
-    prompt_lengths: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dapo_core.data.arrow_columns import BATCH_ROWS, last_user_message, require_columns, struct_field
 from dapo_core.data.freshness import FileStamp, check_stamp, file_md5, file_stamp
 from dapo_core.data.schema import Column, ColumnBuilder, SchemaError, column_from_arrow
 
@@ -160,57 +160,6 @@ def _existing(spec: SourceSpec) -> Path:
     return path
 
 
-BATCH_ROWS = 1 << 16  # rows per Arrow batch: memory stays ~ one batch of text + the distinct values
-
-
-def _require(names: Sequence[str], columns: Iterable[str], where: str, expected: str) -> None:
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise SchemaError(
-            f"{where}: missing column(s) {missing} (has {list(names)}); expected {expected}. Set the "
-            "source's problem_key / answer_key, or its format, to match the file"
-        )
-
-
-def _struct_field(batch: pa.RecordBatch, column: str, name: str, where: str) -> pa.Array:
-    array = batch.column(column)
-    if not pa.types.is_struct(array.type) or array.type.get_field_index(name) < 0:
-        raise SchemaError(f"{where}: column {column!r} has type {array.type}; expected a struct with field {name!r}")
-    return pc.struct_field(array, name)
-
-
-def _last_user_message(prompt: pa.Array, where: str) -> tuple[Column, dict[int, str]]:
-    """Per row, the content of the last message with role 'user' (verl prompts: one user message)."""
-    n = len(prompt)
-    kind = prompt.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type):
-        raise SchemaError(f"{where}: column 'prompt' has type {kind}; expected list<struct<role, content>> (chat)")
-    if kind.value_type.get_field_index("role") < 0 or kind.value_type.get_field_index("content") < 0:
-        raise SchemaError(f"{where}: 'prompt' messages have fields {kind.value_type}; expected role and content")
-    messages = pc.list_flatten(prompt)  # (M,) all messages, null lists skipped
-    parents = pc.list_parent_indices(prompt).to_numpy(zero_copy_only=False)  # (M,) row of each message
-    is_user = pc.fill_null(pc.equal(pc.struct_field(messages, "role"), "user"), False)
-    user_idx = np.flatnonzero(is_user.to_numpy(zero_copy_only=False))
-    rows = parents[user_idx]
-    last = np.r_[rows[1:] != rows[:-1], True] if len(rows) else np.zeros(0, dtype=bool)  # parents are ascending
-    rows, user_idx = rows[last], user_idx[last]
-    # Encode the contents of all messages in place (no copy of the text), then keep the users' distinct values.
-    contents = column_from_arrow(pc.struct_field(messages, "content"))  # (M,) codes
-    used, inverse = np.unique(contents.codes[user_idx], return_inverse=True)
-    values = [contents.values[u] for u in used.tolist()] + [None]  # the last: rows without a user message
-    codes = np.full(n, len(values) - 1, dtype=np.int64)
-    codes[rows] = inverse
-    has_user = np.zeros(n, dtype=bool)
-    has_user[rows] = True
-    valid = prompt.is_valid().to_numpy(zero_copy_only=False)
-    unreadable = {i: "prompt is null" for i in np.flatnonzero(~valid).tolist()}
-    unreadable.update({i: "prompt has no user message" for i in np.flatnonzero(valid & ~has_user).tolist()})
-    null_content = [u for u, value in enumerate(values[:-1]) if value is None]
-    for i in np.flatnonzero(has_user & np.isin(codes, null_content)).tolist():
-        unreadable[i] = "the user message has no content"
-    return Column(codes=codes, values=values), unreadable
-
-
 class _Rows:
     """Accumulates ``SourceRows`` columns over Arrow batches."""
 
@@ -254,19 +203,19 @@ def rows_from_verl_batches(
 ) -> SourceRows:
     """``SourceRows`` of verl-schema batches: the user message (template included), reward_model.ground_truth."""
     where = spec.path
-    _require(schema.names, ("prompt", "reward_model"), where, "the verl RL schema (prompt, reward_model, ...)")
+    require_columns(schema.names, ("prompt", "reward_model"), where, "the verl RL schema (prompt, reward_model, ...)")
     out = _Rows(spec)
     for batch in batches:
-        problem, unreadable = _last_user_message(batch.column("prompt"), where)
+        problem, unreadable = last_user_message(batch.column("prompt"), where)
         out.unreadable.update({out.columns["problem"].size + i: why for i, why in unreadable.items()})
         has_style = batch.schema.field("reward_model").type.get_field_index("style") >= 0
         out.add(
             batch,
             problem=problem,
-            answer=_struct_field(batch, "reward_model", "ground_truth", where),
+            answer=struct_field(batch, "reward_model", "ground_truth", where),
             data_source=out.data_source(batch),
             ability=batch.column("ability") if "ability" in batch.schema.names else None,
-            style=_struct_field(batch, "reward_model", "style", where) if has_style else None,
+            style=struct_field(batch, "reward_model", "style", where) if has_style else None,
         )
     return out.build(loader, templated=True, digest=digest)
 
@@ -276,7 +225,7 @@ def rows_from_flat_batches(
 ) -> SourceRows:
     """``SourceRows`` of problem/answer batches."""
     keys = (spec.problem_key, spec.answer_key)
-    _require(schema.names, keys, spec.path, f"a problem column {keys[0]!r} and an answer column {keys[1]!r}")
+    require_columns(schema.names, keys, spec.path, f"a problem column {keys[0]!r} and an answer column {keys[1]!r}")
     out = _Rows(spec)
     for batch in batches:
         out.add(

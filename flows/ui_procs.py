@@ -1,0 +1,91 @@
+"""Background processes of ``dapo ui``: PID and log files, and stopping a process group.
+
+Each process runs in its own session (process group), logs to ``<state_dir>/<name>.log`` and has its PID in
+``<state_dir>/<name>.pid``. A PID file whose process is gone, or whose PID now belongs to a process younger than
+the file, is stale. Stopping signals the whole group (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+GRACE_S = 15.0
+
+
+def pid_file(state_dir: str | Path, name: str) -> Path:
+    """``<state_dir>/<name>.pid``: the PID alone, for ``kill``."""
+    return Path(state_dir) / f"{name}.pid"
+
+
+def log_file(state_dir: str | Path, name: str) -> Path:
+    """``<state_dir>/<name>.log``: the process's stdout and stderr."""
+    return Path(state_dir) / f"{name}.log"
+
+
+def alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def recorded_process(state_dir: str | Path, name: str) -> psutil.Process | None:
+    """The live process a PID file names, or None (no file, process gone, or the PID reused by a younger one).
+
+    A process we started is older than its PID file (written right after the start); a recycled PID is not."""
+    path = pid_file(state_dir, name)
+    try:
+        pid = int(path.read_text().split()[0])
+        proc = psutil.Process(pid)
+        if proc.create_time() > path.stat().st_mtime + 1.0 or not alive(proc):
+            return None
+        return proc
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+
+
+def launch(state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, str]) -> psutil.Process:
+    """Start ``cmd`` in its own session, logging to ``log_file`` and recording its PID in ``pid_file``."""
+    log = log_file(state_dir, name).open("w", encoding="utf-8")
+    with log:
+        popen = subprocess.Popen(
+            list(cmd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group: `dapo ui stop` signals exactly it and its children
+        )
+    pid_file(state_dir, name).write_text(f"{popen.pid}\n")
+    return psutil.Process(popen.pid)
+
+
+def stop_process(proc: psutil.Process, grace_s: float = GRACE_S) -> None:
+    """SIGTERM to the process group ``proc`` leads (and to its descendants), SIGKILL whatever is left after
+    ``grace_s``."""
+    try:
+        family = [proc, *proc.children(recursive=True)]
+        group = os.getpgid(proc.pid) if os.getpgid(proc.pid) == proc.pid else None
+    except (psutil.Error, ProcessLookupError):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if group is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while any(alive(p) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not any(alive(p) for p in family):
+            return
