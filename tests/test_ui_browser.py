@@ -133,10 +133,12 @@ def test_a_run_started_in_the_prefect_ui_shows_in_the_mlflow_ui(browser, uis, pa
 
 def test_a_form_that_does_not_submit_fails_with_what_the_page_says(browser) -> None:
     page = browser.new_page()
-    page.set_content("<form><button type=button>Submit</button></form><div role=alert>Failed to create run</div>")
-    with pytest.raises(AssertionError, match=r"did not submit within 1s .*Failed to create run"):
-        B.submit_custom_run(page, "some-run", timeout_s=1)
-    page.set_content("<button disabled>Submit</button><p data-slot=form-message>overrides: not a list</p>")
-    with pytest.raises(AssertionError, match=r"did not submit .*overrides: not a list; .*Timeout"):
-        B.submit_custom_run(page, "some-run", timeout_s=1)
-    page.close()
+    try:
+        page.set_content("<form><button type=button>Submit</button></form><div role=alert>Failed to create run</div>")
+        with pytest.raises(AssertionError, match=r"did not submit within 1s .*Failed to create run"):
+            B.submit_custom_run(page, "some-run", timeout_s=1)
+        page.set_content("<button disabled>Submit</button><p data-slot=form-message>overrides: not a list</p>")
+        with pytest.raises(AssertionError, match=r"did not submit .*overrides: not a list; .*Timeout"):
+            B.submit_custom_run(page, "some-run", timeout_s=1)
+    finally:
+        page.close()
