@@ -15,13 +15,10 @@ from dapo_core.config.loader import (
     check_dotted_key,
     config_from_dict,
     deep_merge,
-    dump_yaml,
     find_recipe,
-    flatten_config,
     load_config,
     recipe_dirs,
     recipe_summary,
-    unflatten_config,
 )
 from dapo_core.config.schema import (
     AlgorithmConfig,
@@ -43,6 +40,7 @@ from dapo_core.config.schema import (
     resolved_run_name,
     resolved_tracking_uri,
 )
+from dapo_core.config.serialize import dump_yaml, flatten_config, unflatten_config
 
 __all__ = [
     "DEFAULT_CONFIG",

@@ -14,8 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from dapo_core.config.loader import flatten_config, load_config
+from dapo_core.config.loader import load_config
 from dapo_core.config.schema import DapoConfig
+from dapo_core.config.serialize import flatten_config
 
 TABLE_RECIPES = ("tiny-dapo", "dapo-qwen2.5-32b", "grpo-qwen2.5-32b")
 

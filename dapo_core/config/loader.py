@@ -15,7 +15,6 @@ the rule and the fix; never a raw pydantic dump.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 import re
@@ -190,20 +189,22 @@ def _load_recipe_data(name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
 # ---------------- schema walking: valid keys, did-you-mean ----------------
 
 
-def _is_union(annotation: Any) -> bool:
+def is_union(annotation: Any) -> bool:
+    """``X | Y`` or ``Optional[X]``."""
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
 def _model_class(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model class of a (possibly Optional) annotation, else None."""
-    candidates = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    candidates = typing.get_args(annotation) if is_union(annotation) else (annotation,)
     for cand in candidates:
         if isinstance(cand, type) and issubclass(cand, BaseModel):
             return cand
     return None
 
 
-def _section_at(parts: Sequence[str | int]) -> type[BaseModel] | None:
+def section_at(parts: Sequence[str | int]) -> type[BaseModel] | None:
+    """The config section (pydantic model) at the path ``parts`` of the schema, or None where it is a value."""
     model: type[BaseModel] | None = DapoConfig
     for part in parts:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
@@ -233,7 +234,8 @@ def check_dotted_key(dotted: str) -> None:
         model = _model_class(model.model_fields[part].annotation)
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` in the nested dict ``data``, creating the sections on the way."""
     *parents, leaf = dotted.split(".")
     node = data
     for part in parents:
@@ -263,7 +265,7 @@ def _format_error(err: Mapping[str, Any]) -> list[str]:
     if kind == "value_error":  # our consistency rules: already "key (value) rule: fix" lines
         return str(err["msg"]).removeprefix("Value error, ").splitlines()
     if kind == "extra_forbidden":
-        section_model = _section_at(err["loc"][:-1])
+        section_model = section_at(err["loc"][:-1])
         valid = list(section_model.model_fields) if section_model else []
         return [_unknown_key(".".join(loc[:-1]), loc[-1], valid) + "; remove or rename it"]
     if kind == "missing":
@@ -338,7 +340,7 @@ def load_config(
     for var, dotted in ENV_OVERRIDES.items():
         if environ.get(var):
             logger.debug("%s from $%s", dotted, var)
-            _set_dotted(data, dotted, environ[var])
+            set_dotted(data, dotted, environ[var])
 
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -346,69 +348,10 @@ def load_config(
         if not sep or not key:
             raise ConfigError(f"--set '{item}' must look like dotted.key=value, e.g. --set trainer.lr=1e-5")
         check_dotted_key(key)
-        _set_dotted(data, key, parse_yaml_value(text))
+        set_dotted(data, key, parse_yaml_value(text))
     if overrides:
         source += f" (+ --set {' '.join(overrides)})"
     return config_from_dict(data, source=source)
 
 
 # ---------------- output: YAML, flat dotted keys (MLflow params) ----------------
-
-
-def dump_yaml(cfg: DapoConfig) -> str:
-    """The config as YAML, one commented section per concern in schema order; `load_config` reads it back equal."""
-    blocks = []
-    for name, value in cfg.model_dump(mode="json").items():
-        text = yaml.safe_dump({name: value}, sort_keys=False, default_flow_style=False, width=110)
-        description = DapoConfig.model_fields[name].description
-        blocks.append(f"# {name}: {description}\n{text}" if isinstance(value, dict) and description else text)
-    return "\n".join(blocks)
-
-
-def _flat_items(model: BaseModel, prefix: str = "") -> list[tuple[str, Any]]:
-    items: list[tuple[str, Any]] = []
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        key = f"{prefix}{name}"
-        if isinstance(value, BaseModel):
-            items.extend(_flat_items(value, key + "."))
-        else:
-            items.append((key, value))
-    return items
-
-
-def flatten_config(cfg: DapoConfig) -> dict[str, str]:
-    """Dotted keys -> strings (MLflow params): strings as-is, everything else as JSON (`null`, `[0.9, 0.999]`)."""
-    return {
-        key: value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
-        for key, value in _flat_items(cfg)
-    }
-
-
-def _is_text(annotation: Any) -> bool:
-    args = typing.get_args(annotation)
-    if annotation is str:
-        return True
-    if typing.get_origin(annotation) is typing.Literal:
-        return all(isinstance(a, str) for a in args)
-    return _is_union(annotation) and any(_is_text(a) for a in args if a is not type(None))
-
-
-def unflatten_config(flat: Mapping[str, str]) -> DapoConfig:
-    """Inverse of `flatten_config` (a text field holding exactly "null" reads back as None when optional)."""
-    data: dict[str, Any] = {}
-    for key, text in flat.items():
-        check_dotted_key(key)
-        *parents, leaf = key.split(".")
-        section = _section_at(parents)
-        field = section.model_fields[leaf] if section else None
-        optional = field is not None and type(None) in typing.get_args(field.annotation)
-        if field is not None and _is_text(field.annotation):
-            value: Any = None if (optional and text == "null") else text
-        else:
-            try:
-                value = json.loads(text)
-            except ValueError:  # written by hand rather than by flatten_config
-                value = parse_yaml_value(text)
-        _set_dotted(data, key, value)
-    return config_from_dict(data, source="flattened config")
