@@ -352,6 +352,3 @@ def load_config(
     if overrides:
         source += f" (+ --set {' '.join(overrides)})"
     return config_from_dict(data, source=source)
-
-
-# ---------------- output: YAML, flat dotted keys (MLflow params) ----------------
