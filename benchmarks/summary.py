@@ -7,8 +7,8 @@
 JSON with a ``"benchmark"`` key) gets one row: what it compares, its headline figures, its goal where it states one,
 when it was written and its markdown table. The figures come from one extractor per suite
 (``benchmarks.headlines``); an unknown suite, or a JSON missing a key its extractor reads, says "see <name>.md"
-instead. Dates are the JSON's ``written`` field, else its last commit's date (its mtime while uncommitted): ``--check`` ignores them, so it is
-deterministic on a fresh clone. Machine facts come from the JSONs, never from the machine running this.
+instead. Dates are the JSON's ``written`` field, else its last commit's date (its mtime while uncommitted):
+``--check`` ignores them, so it is deterministic on a fresh clone. Machine facts come from the JSONs, never from the machine running this.
 Stdlib only (no torch): it runs in a second.
 """
 

@@ -40,8 +40,9 @@ Path("benchmarks/results/{name}.json").write_text(json.dumps({{"benchmark": "{na
 
 @pytest.fixture
 def checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary repository root: the real suites.py, summary.py and headlines.py, stand-ins for `rewards` (needs nothing) and
-    `overlap` (needs the base model and curated data, absent here), a README with the generated block."""
+    """A temporary repository root: the real suites.py, summary.py and headlines.py, stand-ins for `rewards`
+    (needs nothing) and `overlap` (needs the base model and curated data, absent here), a README with the generated
+    block."""
     bench = tmp_path / "benchmarks"
     (bench / "results").mkdir(parents=True)
     for name in ("__init__.py", "suites.py", "summary.py", "headlines.py"):
