@@ -21,6 +21,10 @@ with log-probs; the parity of their tokens is checked on every case. The arithme
 matmul rate (1024^3 float32 GEMM at the same thread count) divided by the FLOPs of one decoded token (2 x the
 weights it multiplies, lm_head included, + attention over the mean context): no decode can beat it. The third case
 is the default recipe's generation batch (48 prompts x 8 samples = 384 rows, up to 80 new tokens).
+
+``procs`` columns: the static loop again with ``rollout.hf_procs`` = the torch thread count (each process decodes
+its share of the rows with one thread; ``dapo_core.engines.rollout.decode_procs``), timed in the same rounds, against
+the static loop in one process and against generate; its tokens are checked against generate's too.
 """
 
 from __future__ import annotations
@@ -230,6 +234,8 @@ def _case(
     """Bare generate, the backend on generate (without / with log-probs) and on the static loop, one case."""
     backend = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows)
     static = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows, decode="static")
+    procs = torch.get_num_threads()
+    multi = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows, decode="static", procs=procs)
 
     def hf(log_probs: bool, engine=backend, prompts=prompts, n=n, new=new) -> int:
         sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=log_probs)
@@ -241,15 +247,17 @@ def _case(
             "hf": lambda: hf(False),
             "hf_lp": lambda: hf(True),
             "static": lambda: hf(True, static),
+            **({"procs": lambda: hf(True, multi)} if procs > 1 else {}),
         },
         repeats,
     )
     (bare, bare_tokens), (ours, ours_tokens) = max(rounds["bare"]), max(rounds["hf"])
     ours_lp, (fast_lp, fast_tokens) = max(rounds["hf_lp"])[0], max(rounds["static"])
     sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
-    same = [r.response_ids for r in backend.generate(prompts, sampling)] == [
-        r.response_ids for r in static.generate(prompts, sampling)
-    ]
+    reference = [r.response_ids for r in backend.generate(prompts, sampling)]
+    same = reference == [r.response_ids for r in static.generate(prompts, sampling)]
+    procs_same = procs > 1 and reference == [r.response_ids for r in multi.generate(prompts, sampling)]
+    multi.shutdown()
     mean_prompt = sum(len(p) for p in prompts) / len(prompts)
     bound = gflops * 1e9 / decode_flops_per_token(model, mean_prompt + fast_tokens / (2 * count * n))
     return {
@@ -273,6 +281,26 @@ def _case(
         "static_of_bound": round(fast_lp / bound, 3),
         "bare_tokens": bare_tokens,
         "hf_tokens": ours_tokens,
+        **(_procs_columns(rounds, procs, procs_same, bound) if procs > 1 else {}),
+    }
+
+
+def _procs_columns(rounds: dict[str, list[tuple[float, int]]], procs: int, same: bool, bound: float) -> dict:
+    """The ``rollout.hf_procs`` row's figures: best tok/s and median per-round ratios to static and generate."""
+    best = max(rounds["procs"])[0]
+    return {
+        "procs": procs,
+        "procs_tokens_per_s": round(best, 1),
+        "procs_vs_static": round(_median_ratio(rounds, "procs", "static"), 3),
+        "procs_vs_static_rounds": sorted(
+            round(a[0] / b[0], 3) for a, b in zip(rounds["procs"], rounds["static"], strict=True)
+        ),
+        "procs_vs_generate": round(_median_ratio(rounds, "procs", "hf_lp"), 3),
+        "procs_vs_generate_rounds": sorted(
+            round(a[0] / b[0], 3) for a, b in zip(rounds["procs"], rounds["hf_lp"], strict=True)
+        ),
+        "procs_same_tokens": same,
+        "procs_of_bound": round(best / bound, 3),
     }
 
 
@@ -305,6 +333,24 @@ def markdown(report: dict) -> str:
             f"| {'yes' if r['static_same_tokens'] else 'NO'} "
             f"| {r['arithmetic_bound_tokens_per_s']:.0f} | {r['static_of_bound']:.0%} |"
         )
+    multi = [r for r in report["results"] if "procs" in r]
+    if multi:
+        lines += [
+            "",
+            f"`rollout.hf_procs: {multi[0]['procs']}` (the static loop in {multi[0]['procs']} processes, one torch "
+            "thread each) vs the static loop in one process and vs generate (log-probs on):",
+            "",
+            "| case | static tok/s | procs tok/s | vs static (rounds) | vs generate (rounds) | same tokens "
+            "| procs / bound |",
+            "|---|---:|---:|---:|---:|---|---:|",
+        ]
+        for r in multi:
+            lines.append(
+                f"| {r['case']} | {r['static_logprobs_tokens_per_s']:.0f} | {r['procs_tokens_per_s']:.0f} "
+                f"| {r['procs_vs_static']:.2f}x ({_span(r['procs_vs_static_rounds'])}) "
+                f"| {r['procs_vs_generate']:.2f}x ({_span(r['procs_vs_generate_rounds'])}) "
+                f"| {'yes' if r['procs_same_tokens'] else 'NO'} | {r['procs_of_bound']:.0%} |"
+            )
     v = report.get("vllm_cpu")
     if v:
         bare = {r["case"]: r["bare_tokens_per_s"] for r in report["results"]}

@@ -36,6 +36,7 @@ FINGERPRINT_NEUTRAL: dict[tuple[str, str], Any] = {
     ("rollout", "mode"): "sync",
     ("rollout", "max_staleness"): 1,
     ("rollout", "hf_decode"): "generate",
+    ("rollout", "hf_procs"): 1,  # several processes give one process's tokens, but a near-tie may flip: another run
     ("base_model", "check_frac"): 0.0,  # added after the committed journals: at 0 the demonstrations are as before
     ("algorithm", "old_log_probs"): "recompute",  # added after them too: recompute is how those runs trained
 }

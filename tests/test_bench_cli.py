@@ -192,6 +192,22 @@ def test_extractor_headlines(headlines: ModuleType):
     assert "3.5 MB per 1k token positions" in fig.headline and "a projection: 1.2 h per rollout step" in fig.headline
 
 
+def test_rollout_headline_counts_the_faster_static_variant(headlines: ModuleType):
+    case = {
+        "ratio": 1.02,
+        "max_new_tokens": 80,
+        "rows_per_call": 384,
+        "static_vs_generate": 2.3,
+        "static_of_bound": 0.28,
+    }
+    _, fig = headlines.figures("rollout", {"results": [dict(case)]})
+    assert fig.met is False and "static loop 2.30x `generate`" in fig.headline and "processes" not in fig.headline
+    multi = {**case, "procs": 2, "procs_vs_generate": 3.1}
+    _, fig = headlines.figures("rollout", {"results": [multi]})
+    assert fig.met is True and "in 2 processes (`rollout.hf_procs`) 3.10x `generate`" in fig.headline
+    assert headlines.figures("rollout", {"results": [{**multi, "procs_vs_generate": 2.9}]})[1].met is False
+
+
 def test_unknown_suite_or_missing_key_points_to_its_table(headlines: ModuleType):
     assert headlines.figures("scaling", {"fit": {}})[1].headline == "see scaling.md"
     assert headlines.figures("no_such_suite", {"benchmark": "x"}) == ("—", headlines.Figures("see no_such_suite.md"))

@@ -131,6 +131,29 @@ def test_grpo_recipe_runs_without_dynamic_sampling(tmp_path):
     assert MlflowClient().get_run(rid).data.params["algorithm.loss_agg"] == "seq-mean-token-mean"
 
 
+def test_decode_processes_train_the_same_run_and_stop_with_it(tmp_path, monkeypatch):
+    """``rollout.hf_procs=2`` through the flow (Prefect tasks, weight changes every step, validation decodes):
+    the same samples, so the same metrics, as one process; the decode processes end with the flow."""
+    import multiprocessing
+
+    from dapo_core.engines.rollout.decode_procs import DecodeProcesses
+
+    calls = []
+    decode = DecodeProcesses.decode
+    monkeypatch.setattr(DecodeProcesses, "decode", lambda self, *a: calls.append(len(a[0])) or decode(self, *a))
+    sets = ("trainer.total_steps=2", "trainer.save_freq=0")
+    one = run(make_train_cfg(tmp_path / "one", *sets), tmp_path / "one")["run_id"]
+    assert calls == []
+    two = run(make_train_cfg(tmp_path / "two", *sets, "rollout.hf_procs=2"), tmp_path / "two")["run_id"]
+    assert sum(calls) >= 2 * 4 * 4  # every training row (2 steps x 4 prompts x 4 samples) went through them
+    assert MlflowClient().get_run(two).data.params["rollout.hf_procs"] == "2"
+    for name in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "val/synthetic/acc/mean_at_2"):
+        a, b = history(one, name), history(two, name)
+        assert [s for s, _ in a] == [s for s, _ in b] and a, name
+        assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), name
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("dapo-decode")]
+
+
 def test_bad_recipe_value_fails_before_any_work(tmp_path):
     from dapo_core.config import ConfigError
 

@@ -43,6 +43,13 @@ class RolloutConfig(_Section):
         "static (a lean loop with a preallocated KV cache over the same module's weights, Qwen2/Llama only; "
         "same seeded tokens and log-probs, several times the tokens/s of generate on small CPU models).",
     )
+    hf_procs: int = Field(
+        default=1,
+        gt=0,
+        description="CPU processes that decode each hf micro-batch together, each on its share of the rows with "
+        "torch threads / hf_procs (the same seeded tokens; weights copied to shared memory per call). 2 on 2 cores: "
+        "see benchmarks/results/rollout.md. Scripts need an if __name__ == '__main__' guard (spawn).",
+    )
     val_n: int = Field(default=32, gt=0, description="k samples per validation prompt for avg@k. Paper: 32.")
     val_temperature: float = Field(default=1.0, gt=0, description="Validation temperature. Paper: 1.0.")
     val_top_p: float = Field(default=0.7, description="Validation top-p, in (0, 1]. Paper/verl: 0.7.")

@@ -52,6 +52,7 @@ from dapo_core.engines.rollout.base import (
     SamplingConfig,
     register_rollout_backend,
 )
+from dapo_core.engines.rollout.decode_procs import Decoded, DecodeProcesses
 from dapo_core.engines.rollout.static_decode import check_supported, decode_static
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class HFRolloutBackend(RolloutBackend):
 
     ``micro_batch_size`` counts rows (prompt x sample). ``device`` moves the model; by default the model stays
     where it is. ``eos_token_ids`` default to the model's generation-config EOS plus the tokenizer's EOS.
+    ``procs`` > 1 decodes each micro-batch's rows in that many CPU processes at once (``decode_procs``; the same
+    tokens); ``shutdown`` stops them.
     """
 
     shares_policy_model = True  # generates with the module it is given (in-process: the trainer's own)
@@ -167,7 +170,10 @@ class HFRolloutBackend(RolloutBackend):
         device: str | torch.device | None = None,
         eos_token_ids: Sequence[int] | None = None,
         decode: str = "generate",
+        procs: int = 1,
     ) -> None:
+        if procs < 1:
+            raise ValueError(f"procs ({procs}) must be >= 1 decode processes (rollout.hf_procs)")
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size ({micro_batch_size}) must be >= 1 rows")
         if decode not in DECODE_MODES:
@@ -190,11 +196,16 @@ class HFRolloutBackend(RolloutBackend):
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad) if pad is not None else self.eos_token_ids[0]
         self._weight_version = 0
+        self._procs = DecodeProcesses(self, procs) if procs > 1 else None
 
     @classmethod
     def config_kwargs(cls, cfg: DapoConfig) -> dict[str, Any]:
-        """``rollout.micro_batch_size`` rows per call, decoded by ``rollout.hf_decode``."""
-        return {"micro_batch_size": cfg.rollout.micro_batch_size, "decode": cfg.rollout.hf_decode}
+        """``rollout.micro_batch_size`` rows per call, decoded by ``rollout.hf_decode`` in ``rollout.hf_procs``."""
+        return {
+            "micro_batch_size": cfg.rollout.micro_batch_size,
+            "decode": cfg.rollout.hf_decode,
+            "procs": cfg.rollout.hf_procs,
+        }
 
     def _default_eos_ids(self) -> list[int]:
         ids: list[int] = []
@@ -252,6 +263,25 @@ class HFRolloutBackend(RolloutBackend):
         sampling: SamplingConfig,
         prompt_index_offset: int = 0,
     ) -> list[RolloutResult]:
+        if self._procs is None:
+            decoded = self._decode_micro_batch(rows, prompts, sampling, prompt_index_offset)
+            return self._to_results(rows, prompts, *decoded, prompt_index_offset)
+        # share k holds rows[k::procs]; put each share's results back at those positions
+        results: list[RolloutResult] = [None] * len(rows)  # type: ignore[list-item]  # every slot is filled
+        for k, part in enumerate(self._procs.decode(rows, prompts, sampling, prompt_index_offset)):
+            if part is not None:
+                share = rows[k :: self._procs.procs]
+                results[k :: self._procs.procs] = self._to_results(share, prompts, *part, prompt_index_offset)
+        return results
+
+    def _decode_micro_batch(
+        self,
+        rows: list[tuple[int, int]],
+        prompts: Sequence[list[int]],
+        sampling: SamplingConfig,
+        prompt_index_offset: int = 0,
+    ) -> Decoded:
+        """Sample ``rows`` in one batch: (responses (b, t), the sampler's tokens (b, t'), log-probs (b, t') | None)."""
         width = max(len(prompts[i]) for i, _ in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # (b, L)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b, L)
@@ -285,14 +315,17 @@ class HFRolloutBackend(RolloutBackend):
                     logits_processor=LogitsProcessorList([sampler]),
                 )  # (b, L + t)
             responses = sequences[:, width:].cpu()  # (b, t)
-        return self._to_results(rows, prompts, responses, sampler, prompt_index_offset)
+        chosen = torch.stack(sampler.tokens, dim=1).cpu()  # (b, t') t' >= t: generate may run extra steps
+        log_probs = torch.stack(sampler.log_probs, dim=1).cpu() if sampler.log_probs else None  # (b, t')
+        return responses, chosen, log_probs
 
     def _to_results(
         self,
         rows: list[tuple[int, int]],
         prompts: Sequence[list[int]],
         responses: Tensor,
-        sampler: SeededSampler,
+        chosen: Tensor,
+        log_probs: Tensor | None,
         prompt_index_offset: int = 0,
     ) -> list[RolloutResult]:
         steps = responses.shape[1]
@@ -304,13 +337,13 @@ class HFRolloutBackend(RolloutBackend):
         )
         valid = torch.arange(steps)[None, :] < lengths[:, None]  # (b, t)
         # generate may run (and undo) extra steps after every row stopped: keep the first `steps` records
-        chosen = torch.stack(sampler.tokens, dim=1)[:, :steps].cpu()  # (b, t)
+        chosen = chosen[:, :steps]  # (b, t)
         if bool(((chosen != responses) & valid).any()):
             raise RuntimeError(
                 "generate() did not emit the tokens chosen by SeededSampler; another logits processor or "
                 "generation option changed the tokens. This is a bug in HFRolloutBackend."
             )
-        log_probs = torch.stack(sampler.log_probs, dim=1)[:, :steps].cpu() if sampler.log_probs else None  # (b, t)
+        log_probs = log_probs[:, :steps] if log_probs is not None else None  # (b, t)
         results = []
         for k, (i, j) in enumerate(rows):
             n_tok = int(lengths[k])
@@ -346,3 +379,8 @@ class HFRolloutBackend(RolloutBackend):
             self.model.load_state_dict(dict(state_dict), strict=False)
         self._weight_version = version
         logger.debug("rollout weights updated to version %d", version)
+
+    def shutdown(self) -> None:
+        """Stop the decode processes of ``procs`` > 1 (a later ``generate`` starts them again)."""
+        if self._procs is not None:
+            self._procs.close()
