@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
+from rollout_fixtures import TEXTS, TINY, eos_prone_model
+from transformers import PreTrainedTokenizerBase
 
 from dapo_core.config import load_config
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, SamplingConfig
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-TINY["intermediate_size"] = 64
-TEXTS = ["Q: 1+2", "Q: 71-57*6", "Q: 3", "Solve: (12+30)/7 = ?", "Q: 9*9-1", "Q: 5-5", "Q: 3"]
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +26,6 @@ def tok() -> PreTrainedTokenizerBase:
 @pytest.fixture(scope="module")
 def prompts(tok) -> list[list[int]]:
     return [tok.encode(t) for t in TEXTS]  # mixed lengths and a repeated prompt
-
-
-def eos_prone_model(tok, seed: int) -> Qwen2ForCausalLM:
-    """A random tiny model (untied head) whose EOS logit is raised, so rows stop at many different steps."""
-    model = build_tiny_qwen2(tok, seed=seed, tie_word_embeddings=False, **TINY)
-    head = torch.nn.Linear(TINY["hidden_size"], len(tok), bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight * 20)
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = 2.5
-    model.lm_head = head
-    return model
 
 
 def assert_same(ref: list[RolloutResult], got: list[RolloutResult]) -> None:
@@ -114,6 +99,28 @@ def test_a_dead_process_is_reported_and_the_next_call_starts_anew(tok, prompts) 
             two.generate(prompts, SAMPLING)
         assert two._procs._workers == []  # the survivor was stopped too
         assert_same(ref, two.generate(prompts, SAMPLING))
+    finally:
+        two.shutdown()
+
+
+def test_an_interrupted_call_leaves_no_reply_for_the_next(tok, prompts, monkeypatch) -> None:
+    """Ctrl-C while waiting: the replies still on their way must not answer the next call (other rows)."""
+    from dapo_core.engines.rollout.decode_procs import DecodeProcesses
+
+    def interrupt(self, k, timeout_s=None):
+        raise KeyboardInterrupt
+
+    two = HFRolloutBackend(eos_prone_model(tok, seed=6), tok, decode="static", procs=2)
+    try:
+        assert two._procs is not None
+        two._procs.start()  # the workers are up; only the wait for their decode replies is interrupted
+        with monkeypatch.context() as patch:
+            patch.setattr(DecodeProcesses, "_receive", interrupt)
+            with pytest.raises(KeyboardInterrupt):
+                two.generate(prompts[:1], SAMPLING)
+        got = two.generate(prompts[1:], SAMPLING)
+        one = HFRolloutBackend(two.model, tok, decode="static")
+        assert_same(one.generate(prompts[1:], SAMPLING), got)
     finally:
         two.shutdown()
 

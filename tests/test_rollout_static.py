@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase, Qwen2ForCausalLM
+from rollout_fixtures import TEXTS, TINY, eos_prone_model
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from dapo_core.config import load_config
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, SamplingConfig, static_decode
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-TINY["intermediate_size"] = 64
-TEXTS = ["Q: 1+2", "Q: 71-57*6", "Q: 3", "Solve: (12+30)/7 = ?", "Q: 9*9-1", "Q: 5-5", "Q: 3"]
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +26,6 @@ def tok() -> PreTrainedTokenizerBase:
 @pytest.fixture(scope="module")
 def prompts(tok) -> list[list[int]]:
     return [tok.encode(t) for t in TEXTS]  # mixed lengths (left padding) and a repeated prompt
-
-
-def eos_prone_model(tok, seed: int = 0) -> Qwen2ForCausalLM:
-    """A random tiny model whose EOS logit is raised, so rows stop at many different steps (and some never)."""
-    model = build_tiny_qwen2(tok, seed=seed, tie_word_embeddings=False, **TINY)
-    head = torch.nn.Linear(TINY["hidden_size"], len(tok), bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight * 20)
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = 2.5
-    model.lm_head = head
-    return model
 
 
 def run(model, tok, prompts, decode: str, micro: int = 64, **sampling) -> list[RolloutResult]:

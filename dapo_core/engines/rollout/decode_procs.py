@@ -117,10 +117,14 @@ class DecodeProcesses:
     ) -> list[Decoded | None]:
         """Decode ``rows`` split round-robin over the processes: item k is ``rows[k::procs]``'s (None if empty)."""
         self.start()
-        self._sync_weights()
-        for k, inbox in enumerate(self._inboxes):
-            inbox.put(("decode", rows[k :: self.procs], list(prompts), sampling, offset))
-        return [self._receive(k) for k in range(self.procs)]
+        try:
+            self._sync_weights()
+            for k, inbox in enumerate(self._inboxes):
+                inbox.put(("decode", rows[k :: self.procs], list(prompts), sampling, offset))
+            return [self._receive(k) for k in range(self.procs)]
+        except BaseException:
+            self.close()  # e.g. Ctrl-C mid-call: a reply left queued would answer the next call
+            raise
 
     def _sync_weights(self) -> None:
         """Copy the module's current parameters and buffers into the workers' shared tensors."""
@@ -172,8 +176,8 @@ class DecodeProcesses:
                 worker.kill()
                 worker.join(timeout=5)
         for q in [*self._inboxes, *self._outboxes]:
+            q.cancel_join_thread()  # a message to a dead worker may never be read: do not wait to flush it
             q.close()
-            q.join_thread()
         self._workers, self._inboxes, self._outboxes = [], [], []
         self._shared = None
 
