@@ -12,8 +12,8 @@ How:
   for it, and its next 2-thread work, the training step, ran ~8% slower: measured, so it does not.) The workers
   share one copy of the module (``copy.deepcopy``, its parameters and buffers moved to shared memory, handed over
   by pickling, which keeps tied weights tied and any module surgery the caller made).
-- Before every micro-batch the caller copies the module's current state into that shared copy, so a worker
-  always decodes with the weights the caller has now (in-place optimizer updates, ``update_weights``).
+- At the start of every ``generate`` call the caller copies the module's current state into that shared copy, so
+  a worker always decodes with the weights the caller has now (in-place optimizer updates, ``update_weights``).
 - A micro-batch's rows (sorted by prompt length) are dealt out round-robin, ``rows[k::procs]`` to process k, so
   each share has the same mix of lengths; results are put back in the micro-batch's order.
 - Sampling is seeded per row (``row_seed``), so a row's tokens do not depend on which rows share its batch: the
@@ -54,7 +54,6 @@ class DecodeProcesses:
     def __init__(self, backend: HFRolloutBackend, procs: int) -> None:
         if procs < 2:
             raise ValueError(f"DecodeProcesses needs procs >= 2 (got {procs}); 1 decodes in the calling process")
-        # the workers start on the first call, after the caller has settled its thread count
         if backend.device.type != "cpu":
             raise ValueError(
                 f"rollout.hf_procs={procs} decodes in CPU processes, but the model is on {backend.device}: "
@@ -71,6 +70,17 @@ class DecodeProcesses:
     def threads_each(self) -> int:
         """Torch threads per process: the caller's count split evenly, at least one."""
         return max(1, torch.get_num_threads() // self.procs)
+
+    def prepare(self) -> None:
+        """Before a ``generate`` call: start the workers if needed (so on the first call, after the caller has
+        settled its thread count), and copy the module's current state into theirs. Weights cannot change during
+        a call, so one copy serves all its micro-batches."""
+        self.start()
+        try:
+            self._sync_weights()
+        except BaseException:
+            self.close()
+            raise
 
     def start(self) -> None:
         """Start the workers (no-op when running); waits until each has built its module."""
@@ -115,10 +125,11 @@ class DecodeProcesses:
     def decode(
         self, rows: list[tuple[int, int]], prompts: Sequence[list[int]], sampling: SamplingConfig, offset: int
     ) -> list[Decoded | None]:
-        """Decode ``rows`` split round-robin over the processes: item k is ``rows[k::procs]``'s (None if empty)."""
-        self.start()
+        """Decode ``rows`` split round-robin over the processes: item k is ``rows[k::procs]``'s (None if empty).
+        Call ``prepare`` first, once per ``generate`` call."""
+        if not self._workers:
+            raise RuntimeError("DecodeProcesses.decode before prepare(): the workers are not running")
         try:
-            self._sync_weights()
             for k, inbox in enumerate(self._inboxes):
                 inbox.put(("decode", rows[k :: self.procs], list(prompts), sampling, offset))
             return [self._receive(k) for k in range(self.procs)]
