@@ -160,5 +160,7 @@ def test_a_daemonic_caller_is_told_to_use_one_process(tok, prompts, monkeypatch)
 
     monkeypatch.setitem(multiprocessing.current_process()._config, "daemon", True)
     two = HFRolloutBackend(build_tiny_qwen2(tok, seed=0, **TINY), tok, decode="static", procs=2)
+    two.model.train()  # as the trainer leaves it between steps
     with pytest.raises(RuntimeError, match=r"daemonic multiprocessing process.*rollout\.hf_procs: 1"):
         two.generate(prompts, SAMPLING)
+    assert two.model.training  # the refused call gives the policy back in training mode

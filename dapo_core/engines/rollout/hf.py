@@ -236,9 +236,9 @@ class HFRolloutBackend(RolloutBackend):
         results: list[RolloutResult | None] = [None] * len(rows)
         was_training = self.model.training
         self.model.eval()
-        if self._procs is not None:
-            self._procs.prepare()  # workers up, the current weights copied to them once for the whole call
         try:
+            if self._procs is not None:
+                self._procs.prepare()  # workers up, the current weights copied to them once for the whole call
             for start in range(0, len(order), self.micro_batch_size):
                 chunk = order[start : start + self.micro_batch_size]
                 batch = self._generate_micro_batch([rows[r] for r in chunk], prompts, sampling, prompt_index_offset)
