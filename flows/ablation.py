@@ -2,7 +2,7 @@
 
 Run it::
 
-    dapo ablation                                   # tiny-dapo, both regimes, 3 seeds, recipe's steps
+    dapo ablation                                   # tiny-dapo-table1, both regimes, 3 seeds, recipe's steps
     dapo ablation --regimes tuned --seeds 5 --steps 48 --out benchmarks/results
     dapo ablation --quick                           # 1 seed, 2 steps, both regimes -> outputs/ablation-quick/
     dapo ablation --resume --eval-k 64              # the journaled runs scored again at avg@64, none trained again
@@ -63,7 +63,7 @@ from tasks.evaluate import load_run_histories
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_RECIPE = "tiny-dapo"
+DEFAULT_RECIPE = "tiny-dapo-table1"  # tiny-dapo at batch 64 (the recipe says why)
 DEFAULT_OUT_DIR = "benchmarks/results"
 QUICK_OUT_DIR = "outputs/ablation-quick"
 DEFAULT_SEEDS = 3
@@ -199,7 +199,7 @@ def ablation_flow(
 ) -> dict[str, Any]:
     """Run the ladder x regimes x seeds (+ the supervised control), write and log the report; returns the results.
 
-    Defaults: recipe ``tiny-dapo`` (when no config file is given either), both regimes, the recipe's
+    Defaults: recipe ``tiny-dapo-table1`` (when no config file is given either), both regimes, the recipe's
     ``trainer.total_steps``, seeds 1..3, the Table-1 ladder and ``sft-control`` (``rungs``: any of
     ``dapo_core.config.ablation.KNOWN_RUNGS``, successors included). ``name``: the report files' stem.
     Every finished run is journaled in ``<out_dir>/<name>.journal.jsonl``; ``resume`` reuses the runs whose

@@ -76,8 +76,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Table 1 in miniature: each DAPO technique added to GRPO in turn, per lr regime, vs SFT for the same time.
 
-        Default recipe: tiny-dapo (not params.yaml). Writes ablation.json, ablation.md and ablation.png, also
-        logged to one parent MLflow run.
+        Default recipe: tiny-dapo-table1 (tiny-dapo at batch 64; not params.yaml). Writes ablation.json,
+        ablation.md and ablation.png, also logged to one parent MLflow run.
         """
         from flows.ablation import (
             DEFAULT_OUT_DIR,

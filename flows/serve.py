@@ -238,7 +238,9 @@ def pipeline_deployment(
 @flow(name="dapo-ablation", log_prints=False, validate_parameters=True)
 def ablation_deployment(
     config_path: str | None = CONFIG_PATH,
-    recipe: str | None = Field(None, description="Recipe name (--recipe); empty (and no config file): tiny-dapo."),
+    recipe: str | None = Field(
+        None, description="Recipe name (--recipe); empty (and no config file): tiny-dapo-table1."
+    ),
     overrides: list[str] = OVERRIDES,
     regimes: list[str] = Field(["tuned", "aggressive"], description="tuned (the recipe's lr), aggressive (4x)."),
     tuned_lr: float | None = Field(None, description="lr of the tuned regime; empty: the recipe's trainer.lr."),

@@ -37,7 +37,7 @@ from dapo_core.evaluation.ablation_report import (
     write_report,
 )
 
-DAPO_RECIPES = ("tiny-dapo", "dapo-qwen2.5-32b")
+DAPO_RECIPES = ("tiny-dapo", "tiny-dapo-table1", "dapo-qwen2.5-32b")
 
 
 # ------------------------------------------------------------------------------------------------ the ladder
@@ -84,6 +84,28 @@ def test_tiny_grpo_recipe_is_the_first_rung_of_tiny_dapo():
         recipe="tiny-dapo", overrides=build_ladder(load_config(recipe="tiny-dapo", env={}))[0].overrides(), env={}
     )
     assert grpo.algorithm == load_config(recipe="tiny-grpo", env={}).algorithm
+
+
+def test_the_ladders_default_recipe_is_tiny_dapo_at_a_doubled_batch():
+    """`dapo ablation`'s default: tiny-dapo with 64 groups (96 generated), mini-batches of 32 (still 2 updates per
+    rollout step) and its own output directory; every other key, the base model's included, is tiny-dapo's."""
+    from flows.ablation import DEFAULT_RECIPE
+
+    table1, tiny = load_config(recipe=DEFAULT_RECIPE, env={}), load_config(recipe="tiny-dapo", env={})
+    d, t = table1.data, table1.trainer
+    assert (d.train_batch_size, d.gen_batch_size, t.ppo_mini_batch_size) == (64, 96, 32)
+    assert d.train_batch_size // t.ppo_mini_batch_size == tiny.data.train_batch_size // tiny.trainer.ppo_mini_batch_size
+    assert d.gen_batch_size / d.train_batch_size == tiny.data.gen_batch_size / tiny.data.train_batch_size
+    assert t.output_dir != tiny.trainer.output_dir and table1.tracking.run_name != tiny.tracking.run_name
+    same = load_config(
+        recipe="tiny-dapo",
+        overrides=[
+            "data.train_batch_size=64", "data.gen_batch_size=96", "trainer.ppo_mini_batch_size=32",
+            f"trainer.output_dir={t.output_dir}", f"tracking.run_name={table1.tracking.run_name}",
+        ],
+        env={},
+    )  # fmt: skip
+    assert same.model_dump(exclude={"recipe"}) == table1.model_dump(exclude={"recipe"})
 
 
 def test_a_recipe_without_dapos_techniques_is_a_clear_error():

@@ -65,6 +65,7 @@ def test_the_expected_recipes_ship():
         "dapo-qwen2.5-32b",
         "dapo-qwen2.5-math-1.5b",
         "tiny-dapo",
+        "tiny-dapo-table1",
         "tiny-grpo",
         *SUCCESSORS,
     }

@@ -122,8 +122,13 @@ def test_the_ablation_form_passes_its_report_name_resume_and_eval_k_through(monk
     }  # fmt: skip
     S.ablation_deployment.fn(**form)
     S.ablation_deployment.fn(**{**form, "quick": True, "eval_k": None, "resume": False})
-    assert (seen[0]["name"], seen[0]["recipe"], seen[0]["resume"], seen[0]["eval_k"]) == ("mine", "tiny-dapo", True, 16)
-    assert seen[1]["eval_k"] == load_config(recipe="tiny-dapo").rollout.val_n and seen[1]["resume"] is False
+    assert (seen[0]["name"], seen[0]["recipe"], seen[0]["resume"], seen[0]["eval_k"]) == (
+        "mine",
+        A.DEFAULT_RECIPE,
+        True,
+        16,
+    )
+    assert seen[1]["eval_k"] == load_config(recipe=A.DEFAULT_RECIPE).rollout.val_n and seen[1]["resume"] is False
     from prefect.exceptions import MissingContextError
 
     # refused before any work (in a flow run: a Failed state with the message; here no run logger to report it to)
