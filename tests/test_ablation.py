@@ -433,7 +433,11 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch, prefe
         assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     parent = client.get_run(data["parent_run_id"])
-    assert parent.info.run_name == "successors-tiny-dapo" and parent.data.tags["ablation.rungs"] == ",".join(rungs)
+    from flows.ablation import DEFAULT_RECIPE  # no --recipe given: the ladder's default
+
+    assert parent.info.run_name == f"successors-{DEFAULT_RECIPE}" and parent.data.tags["ablation.rungs"] == ",".join(
+        rungs
+    )
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
@@ -483,7 +487,10 @@ def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_th
     assert len(trains) == 1
 
     # another run overwrote the final model: its digest no longer matches, so the run is trained again
-    weights = next((tmp_path / "outputs" / "ablation-tuned-grpo-s1" / "final").glob("*.safetensors"))
+    from flows.ablation import DEFAULT_RECIPE
+
+    runs_dir = tmp_path / load_config(recipe=DEFAULT_RECIPE, env={}).trainer.output_dir  # the runs' trainer.output_dir
+    weights = next((runs_dir / "ablation-tuned-grpo-s1" / "final").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
     third, grpo3 = run("--resume", "--eval-k", "4")
     assert third["k"] == 4 and third["reused_runs"] == 0 and grpo3["eval_k"] == [4]
