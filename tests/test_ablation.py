@@ -435,9 +435,8 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch, prefe
     parent = client.get_run(data["parent_run_id"])
     from flows.ablation import DEFAULT_RECIPE  # no --recipe given: the ladder's default
 
-    assert parent.info.run_name == f"successors-{DEFAULT_RECIPE}" and parent.data.tags["ablation.rungs"] == ",".join(
-        rungs
-    )
+    assert parent.info.run_name == f"successors-{DEFAULT_RECIPE}"
+    assert parent.data.tags["ablation.rungs"] == ",".join(rungs)
     children = client.search_runs(
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
     )
