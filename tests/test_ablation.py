@@ -36,6 +36,7 @@ from dapo_core.evaluation.ablation_report import (
     summarize_rung,
     write_report,
 )
+from flows.ablation import DEFAULT_RECIPE  # the ladder's recipe when `dapo ablation` gets no --recipe
 
 DAPO_RECIPES = ("tiny-dapo", "tiny-dapo-table1", "dapo-qwen2.5-32b")
 
@@ -89,8 +90,6 @@ def test_tiny_grpo_recipe_is_the_first_rung_of_tiny_dapo():
 def test_the_ladders_default_recipe_is_tiny_dapo_at_a_doubled_batch():
     """`dapo ablation`'s default: tiny-dapo with 64 groups (96 generated), mini-batches of 32 (still 2 updates per
     rollout step) and its own output directory; every other key, the base model's included, is tiny-dapo's."""
-    from flows.ablation import DEFAULT_RECIPE
-
     table1, tiny = load_config(recipe=DEFAULT_RECIPE, env={}), load_config(recipe="tiny-dapo", env={})
     d, t = table1.data, table1.trainer
     assert (d.train_batch_size, d.gen_batch_size, t.ppo_mini_batch_size) == (64, 96, 32)
@@ -433,8 +432,6 @@ def test_quick_successors_run_writes_its_own_report(tmp_path, monkeypatch, prefe
         assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     parent = client.get_run(data["parent_run_id"])
-    from flows.ablation import DEFAULT_RECIPE  # no --recipe given: the ladder's default
-
     assert parent.info.run_name == f"successors-{DEFAULT_RECIPE}"
     assert parent.data.tags["ablation.rungs"] == ",".join(rungs)
     children = client.search_runs(
@@ -486,8 +483,6 @@ def test_a_resumed_ablation_scores_journaled_runs_at_a_new_k_without_training_th
     assert len(trains) == 1
 
     # another run overwrote the final model: its digest no longer matches, so the run is trained again
-    from flows.ablation import DEFAULT_RECIPE
-
     runs_dir = tmp_path / load_config(recipe=DEFAULT_RECIPE, env={}).trainer.output_dir  # the runs' trainer.output_dir
     weights = next((runs_dir / "ablation-tuned-grpo-s1" / "final").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
