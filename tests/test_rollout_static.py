@@ -78,6 +78,32 @@ def test_row_compaction_and_micro_batches_change_nothing(tok, prompts, monkeypat
     assert_parity(ref, run(model, tok, prompts, "static", micro=micro))
 
 
+@pytest.mark.parametrize("block", [1, 5, 64], ids=["slot-blocks", "small-blocks", "one-block"])
+def test_cache_block_size_changes_nothing(tok, prompts, monkeypatch, block) -> None:
+    """The cache's block size only changes the layout: prompts and responses that cross block edges, a block of
+    one slot each, and a single block bigger than the whole sequence all give generate's tokens and log-probs."""
+    model = eos_prone_model(tok, seed=1)
+    ref = run(model, tok, prompts, "generate", n=2, max_new_tokens=30)
+    monkeypatch.setattr(static_decode, "_BLOCK", block)
+    monkeypatch.setattr(static_decode, "_COMPACT_AT", 1.0)  # compaction copies blocks at every step's drop too
+    assert_parity(ref, run(model, tok, prompts, "static", n=2, max_new_tokens=30))
+
+
+def test_unwritten_cache_slots_are_never_read(tok, prompts, monkeypatch) -> None:
+    """Fresh cache memory filled with NaN (what an allocator may hand back) changes nothing: a block's slots not
+    yet written are zeroed when the loop enters it and masked, so no NaN reaches the scores or the sums."""
+    model = eos_prone_model(tok, seed=2)
+    ref = run(model, tok, prompts, "generate", n=2, max_new_tokens=30)
+    plain = torch.Tensor.new_empty
+
+    def poisoned(self, *args, **kwargs):
+        out = plain(self, *args, **kwargs)
+        return out.fill_(float("nan")) if out.is_floating_point() else out
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
+    assert_parity(ref, run(model, tok, prompts, "static", n=2, max_new_tokens=30))
+
+
 def test_log_probs_equal_a_plain_forward_of_the_sequence(tok, prompts) -> None:
     model = eos_prone_model(tok, seed=2)
     for result in run(model, tok, prompts, "static", temperature=0.8):
