@@ -94,14 +94,18 @@ def test_unwritten_cache_slots_are_never_read(tok, prompts, monkeypatch) -> None
     yet written are zeroed when the loop enters it and masked, so no NaN reaches the scores or the sums."""
     model = eos_prone_model(tok, seed=2)
     ref = run(model, tok, prompts, "generate", n=2, max_new_tokens=30)
-    plain = torch.Tensor.new_empty
+    plain, poisoned_caches = torch.Tensor.new_empty, []
 
     def poisoned(self, *args, **kwargs):
         out = plain(self, *args, **kwargs)
-        return out.fill_(float("nan")) if out.is_floating_point() else out
+        if out.is_floating_point() and out.dim() == 5:  # a block cache (nb, b, Hkv, R, D)
+            poisoned_caches.append(out.shape)
+            out.fill_(float("nan"))
+        return out
 
     monkeypatch.setattr(torch.Tensor, "new_empty", poisoned)
     assert_parity(ref, run(model, tok, prompts, "static", n=2, max_new_tokens=30))
+    assert poisoned_caches  # the caches did come from the poisoned allocator (else this test would test nothing)
 
 
 def test_log_probs_equal_a_plain_forward_of_the_sequence(tok, prompts) -> None:

@@ -184,7 +184,7 @@ class _Layer:
         # x (a, d): one new token per row at cache slot `slot`; rot (a, 1, D/2); caches (nb, a, Hkv, R, D) in
         # blocks of R slots (slot s: block s // R, place s % R); bias (n*a*Hkv, 1, R) over the n = slot // R + 1
         # blocks read: 0 where a key may be read, -inf where not (left-padded prompt slots, slots not yet written)
-        a, (_, _, n_kv, size, head_dim) = x.shape[0], k_blocks.shape
+        a, size, n_kv, head_dim = x.shape[0], k_blocks.shape[3], self.n_kv, self.head_dim
         q, k, v = self._qkv(x, rot)  # (a, H|Hkv, D)
         block, place = divmod(slot, size)
         k_blocks[block, :, :, place] = k
