@@ -21,6 +21,7 @@ from dapo_core.engines.rollout import (
     get_rollout_backend_cls,
     register_rollout_backend,
 )
+from dapo_core.engines.rollout.hf import SeededSampler
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -140,6 +141,34 @@ def test_output_is_independent_of_micro_batch_size_and_other_prompts(model, tok,
     # prompt 0 alone (no padding, different neighbours) draws the same samples as inside the batch
     alone = HFRolloutBackend(model, tok).generate(prompts[:1], sampling)
     assert [r.response_ids for r in alone] == [r.response_ids for r in reference[:2]]
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 63, 64, 66, 130])
+def test_gumbel_noise_is_each_rows_stream_in_64_step_chunks_whatever_the_length(max_new_tokens: int) -> None:
+    # reference: per row, full chunks of 64 steps x V uniforms from its own generator, -log(-log(u)) out of place;
+    # the sampler draws the call's last chunk short (only the steps it can reach): the same floats must come out
+    vocab, seeds = 80, [11, 12, 13]
+    sampling = SamplingConfig(n=1, max_new_tokens=max_new_tokens, seed=0)
+    sampler = SeededSampler(seeds, prompt_width=0, sampling=sampling, device=torch.device("cpu"))
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    tiny = torch.finfo(torch.float32).tiny
+    for start in range(0, max_new_tokens, 64):
+        u = torch.stack([torch.rand((64, vocab), generator=g) for g in generators])  # (B, 64, V)
+        expected = -torch.log((-torch.log(u.clamp(min=tiny))).clamp(min=tiny))
+        for step in range(start, min(start + 64, max_new_tokens)):
+            assert torch.equal(sampler._gumbel(step, vocab), expected[:, step - start])
+
+
+@pytest.mark.parametrize("decode", ["generate", "static"])
+def test_a_shorter_max_new_tokens_samples_a_prefix_of_the_longer(tok, prompts, decode: str) -> None:
+    model = biased_model(tok, {tok.eos_token_id: -30.0})  # constant logits: the tokens are the noise's argmax
+    backend = HFRolloutBackend(model, tok, decode=decode)
+    long = backend.generate(prompts, SamplingConfig(n=2, max_new_tokens=130, seed=1, return_log_probs=True))
+    short = backend.generate(prompts, SamplingConfig(n=2, max_new_tokens=66, seed=1, return_log_probs=True))
+    for s, ref in zip(short, long, strict=True):
+        assert s.response_length == 66 and ref.response_length == 130
+        assert s.response_ids == ref.response_ids[:66]
+        assert s.log_probs == pytest.approx(ref.log_probs[:66], abs=1e-6)
 
 
 def test_small_max_new_tokens_truncates_when_eos_is_unlikely(tok, prompts) -> None:

@@ -100,14 +100,17 @@ class SeededSampler(LogitsProcessor):
         """Gumbel(0, 1) noise for ``step``, (B, V). Drawn ``chunk`` steps ahead per row; chunk depends on V only,
         so every row consumes its stream identically whatever the micro-batch."""
         chunk = max(1, min(64, _NOISE_ELEMENTS_PER_ROW // vocab))
-        if self._noise is None or step >= self._noise_start + chunk:
+        if self._noise is None or step >= self._noise_start + self._noise.shape[1]:
             self._noise_start = step - step % chunk
-            u = torch.stack(
-                [torch.rand((chunk, vocab), generator=g, device=self.device) for g in self.generators]
-            )  # (B, chunk, V)
-            tiny = torch.finfo(u.dtype).tiny
-            exponential = -torch.log(u.clamp(min=tiny))  # Exp(1), > 0
-            self._noise = -torch.log(exponential.clamp(min=tiny))  # Gumbel(0, 1)
+            # the last chunk holds only the steps a call can reach: a stream's first k draws do not depend on how
+            # many follow, so every row's noise is the same as a full chunk's (nothing is drawn after it)
+            steps = max(min(chunk, self.sampling.max_new_tokens - self._noise_start), step - self._noise_start + 1)
+            noise = torch.empty((len(self.generators), steps, vocab), device=self.device)  # (B, steps, V)
+            for g, row in zip(self.generators, noise, strict=True):
+                torch.rand((steps, vocab), generator=g, device=self.device, out=row)  # U(0, 1), each row's stream
+            tiny = torch.finfo(noise.dtype).tiny
+            # in place, the same floats as out of place: u -> Exp(1) = -log(u) > 0 -> Gumbel(0, 1) = -log(Exp(1))
+            self._noise = noise.clamp_(min=tiny).log_().neg_().clamp_(min=tiny).log_().neg_()
         return self._noise[:, step - self._noise_start]  # (B, V)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
@@ -285,12 +288,12 @@ class HFRolloutBackend(RolloutBackend):
     ) -> Decoded:
         """Sample ``rows`` in one batch: (responses (b, t), the sampler's tokens (b, t'), log-probs (b, t') | None)."""
         width = max(len(prompts[i]) for i, _ in rows)
-        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)  # (b, L)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b, L)
-        for k, (i, _) in enumerate(rows):
-            length = len(prompts[i])
-            input_ids[k, width - length :] = torch.tensor(prompts[i], dtype=torch.long)  # left padding
-            attention_mask[k, width - length :] = 1
+        pads = [width - len(prompts[i]) for i, _ in rows]  # left padding
+        input_ids = torch.tensor(
+            [[self.pad_token_id] * pad + list(prompts[i]) for pad, (i, _) in zip(pads, rows, strict=True)],
+            dtype=torch.long,
+        )  # (b, L)
+        attention_mask = torch.tensor([[0] * pad + [1] * (width - pad) for pad in pads], dtype=torch.long)  # (b, L)
         sampler = SeededSampler(
             [row_seed(sampling.seed, prompt_index_offset + i, j) for i, j in rows],
             prompt_width=width,
@@ -345,12 +348,13 @@ class HFRolloutBackend(RolloutBackend):
                 "generate() did not emit the tokens chosen by SeededSampler; another logits processor or "
                 "generation option changed the tokens. This is a bug in HFRolloutBackend."
             )
-        log_probs = log_probs[:, :steps] if log_probs is not None else None  # (b, t)
+        # one conversion to Python lists per call (per-row tensor indexing costs more than the rows' data)
+        all_ids, all_lengths, all_stopped = responses.tolist(), lengths.tolist(), has_eos.tolist()
+        all_log_probs = log_probs[:, :steps].tolist() if log_probs is not None else None  # (b, t)
         results = []
         for k, (i, j) in enumerate(rows):
-            n_tok = int(lengths[k])
-            ids = responses[k, :n_tok].tolist()
-            stopped = bool(has_eos[k])
+            n_tok, stopped = all_lengths[k], all_stopped[k]
+            ids = all_ids[k][:n_tok]
             results.append(
                 RolloutResult(
                     prompt_index=prompt_index_offset + i,
@@ -360,7 +364,7 @@ class HFRolloutBackend(RolloutBackend):
                     response_length=n_tok,
                     truncated=not stopped,
                     finish_reason=FINISH_STOP if stopped else FINISH_LENGTH,
-                    log_probs=log_probs[k, :n_tok].tolist() if log_probs is not None else None,
+                    log_probs=all_log_probs[k][:n_tok] if all_log_probs is not None else None,
                     text=str(self.tokenizer.decode(ids, skip_special_tokens=True)),
                 )
             )
