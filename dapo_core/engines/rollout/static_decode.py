@@ -17,11 +17,12 @@ syncs and in-place updates are seen at once; only the fused q/k/v and gate/up ma
   multiply of all q and k heads and its scores need no scaling (``_Layer``);
 - the padding mask is an additive bias (0 / -inf per key slot; left-padded prompt slots and slots not yet
   written are masked; a slot turns 0 when it is written) that the score GEMM adds (``baddbmm``);
-- the distinct prompts are prefilled once and their cache slots copied to each sample's row; when finished rows
-  are dropped (``_COMPACT_AT``) only the blocks written so far are copied;
+- the distinct prompts are prefilled once and their cache slots copied to each sample's row; finished rows are
+  dropped from the cache once a quarter of it has stopped (``_COMPACT_AT``; only the blocks written so far are
+  copied); until then they skip every GEMM and stay only in the attention batch (q = 0, read by no one);
 - the next-token logits go to a ``choose(step, logits) -> tokens`` callback (``SeededSampler.choose``: the same
-  per-row Gumbel streams, temperature, top-k/top-p and log-prob record as the generate path), and finished rows
-  are fed the pad token, as generate does.
+  per-row Gumbel streams, temperature, top-k/top-p and log-prob record as the generate path); a finished row's
+  later slots get the pad token, as generate emits.
 
 Equations per layer (Qwen2 / Llama; x: (b, s, d)):
     h = x + W_o · Attn(RoPE(W_q·n1(x) + b_q), RoPE(W_k·n1(x) + b_k), W_v·n1(x) + b_v)
