@@ -194,7 +194,7 @@ class _Layer:
         if live is None:
             k_blocks[block, :, :, place] = k
             v_blocks[block, :, :, place] = v
-        else:  # finished rows still in the cache are not computed: their slots keep stale keys, read by no one
+        else:  # a finished row's slot is not written: only its own attention reads it, and that output is dropped
             k_blocks[block, :, :, place][live] = k  # (index_put_ on the view: ~1.5x index_copy_'s speed here)
             v_blocks[block, :, :, place][live] = v
             q = q.new_zeros((a, *q.shape[1:])).index_copy_(0, live, q)  # (a, H, D): attention runs on every row
