@@ -286,12 +286,10 @@ def decode_static(
         head = F.linear(_rms_norm(inner.norm, last), lm_head.weight, lm_head.bias).float()  # (a, V)
         if active.numel() == b:  # no row dropped yet: no gather / scatter
             token = choose(step, head)
+            out[:, step] = token
         else:
             logits[active] = head
             token = choose(step, logits)[active]  # (a,): the sampler draws every row's noise: streams stay aligned
-        if active.numel() == b:
-            out[:, step] = token
-        else:
             out[active, step] = token
         steps = step + 1
         finished = finished | torch.isin(token, eos)  # (a,)
