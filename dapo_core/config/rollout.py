@@ -83,6 +83,13 @@ class RolloutConfig(_Section):
         description="Weight sync to vLLM ships the state dict in buckets of at most this many MiB (bounds the "
         "extra host/GPU memory of one sync).",
     )
+    weight_sync: Literal["bytes", "cuda_ipc", "nccl"] = Field(
+        default="bytes",
+        description="How trainer weights reach a vLLM engine. bytes (default, tested on vLLM's CPU build): buckets "
+        "of raw bytes in rollout.dtype through Ray's object store and vLLM's RPC. cuda_ipc (colocated) / nccl "
+        "(separate GPUs or nodes): vLLM 0.32's weight-transfer engines, GPU only and not yet verified on a GPU "
+        "by this project (docs/gpu.md).",
+    )
     mode: Literal["sync", "one_step_off"] = Field(
         default="sync",
         description="sync: every generation batch uses the weights the step trains (Algorithm 1, on-policy). "

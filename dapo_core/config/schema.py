@@ -197,6 +197,20 @@ class ResourcesConfig(_Section):
     placement: Literal["colocate", "split"] = Field(
         default="colocate", description="Rollout and trainer on the same GPUs (verl) or separate ones."
     )
+    collective_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Timeout of the trainer ranks' collectives (torch.distributed, the NCCL watchdog), also where "
+        "the other ranks wait while rank 0 writes an HF export or checkpoint (65-130 GB at 32B). Not the actor "
+        "start timeout (300 s).",
+    )
+    rollout_sleep_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="Colocated vLLM: how long the controller waits for the engines to release their GPU memory "
+        "before an update (rollout.mode=one_step_off: behind a generation in flight). Past it the step fails with "
+        "an error rather than train while vLLM still holds the memory.",
+    )
 
 
 class BaseModelStageConfig(_Section):
