@@ -10,6 +10,7 @@ tests/gpu/test_vllm_gpu.py checks a real engine.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -51,7 +52,7 @@ ENGINE_ARGS = {
     "model", "tokenizer", "revision", "tokenizer_revision", "trust_remote_code", "dtype", "tensor_parallel_size",
     "gpu_memory_utilization", "enable_chunked_prefill", "max_num_batched_tokens", "max_model_len",
     "enable_prefix_caching", "enforce_eager", "enable_sleep_mode", "seed", "logprobs_mode", "worker_extension_cls",
-    "distributed_executor_backend",
+    "distributed_executor_backend", "weight_transfer_config",
 }  # fmt: skip
 
 
@@ -109,6 +110,8 @@ class FakeVllmModel:
     def load_weights(self, weights):
         own = dict(self.hf.named_parameters())
         loaded = set()
+        if getattr(self, "reloading", False):
+            assert FakeReload.current is not None, "loads run inside set_current_vllm_config"
         for name, tensor in weights:
             self.received.append((name, tuple(tensor.shape), tensor.dtype))
             if name == "lm_head.weight" and self.hf.config.tie_word_embeddings:
@@ -116,6 +119,8 @@ class FakeVllmModel:
             with torch.no_grad():
                 own[name].copy_(tensor)  # KeyError for a name the model does not have, as vLLM
             loaded.add(name)
+        if getattr(self, "reloading", False):
+            self.reloaded |= loaded
         return loaded
 
 
@@ -125,16 +130,61 @@ class FakeModelRunner:
     def __init__(self, path: str) -> None:
         self.model = FakeVllmModel(path)
         self.reloads = 0
+        self.resets: list[str] = []
 
     def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True) -> None:
+        assert FakeReload.current is not None, "vLLM 0.32: Worker.reload_weights sets the current vLLM config"
         assert is_checkpoint_format and weights_iterator is not None and weights_path is None
         self.reloads += 1
         self.model.load_weights(list(weights_iterator))
+
+    def reset_encoder_cache(self) -> None:
+        self.resets.append("encoder")
+
+    def reset_mm_cache(self) -> None:
+        self.resets.append("mm")
+
+
+class FakeReload:
+    """vLLM 0.32's layerwise reload (``model_loader.reload``) and ``vllm.config.set_current_vllm_config``: records
+    the calls; ``finalize`` reports the layers that received nothing, as vLLM's "Failed to load weights" warning."""
+
+    current: Any = None
+    calls: ClassVar[list[tuple[Any, ...]]] = []
+
+    @staticmethod
+    @contextlib.contextmanager
+    def set_current_vllm_config(config):
+        previous, FakeReload.current = FakeReload.current, config
+        try:
+            yield
+        finally:
+            FakeReload.current = previous
+
+    @staticmethod
+    def initialize_layerwise_reload(model) -> None:
+        assert FakeReload.current is not None and not getattr(model, "reloading", False)
+        model.reloading, model.reloaded = True, set()
+        FakeReload.calls.append(("initialize",))
+
+    @staticmethod
+    def finalize_layerwise_reload(model, model_config) -> None:
+        assert FakeReload.current is not None and model_config == "model-config"
+        if getattr(model, "reloading", False):
+            layers = {n.rsplit(".", 1)[0] for n, _ in model.named_parameters()}
+            unloaded = sorted(layers - {n.rsplit(".", 1)[0] for n in model.reloaded})
+            FakeReload.calls.append(("finalize", unloaded))
+        model.reloading = False
 
 
 class FakeWorkerBase:
     def __init__(self, path: str) -> None:
         self.model_runner = FakeModelRunner(path)
+        self.vllm_config = types.SimpleNamespace(model_config="model-config", lora_config=None)
+
+    def reload_weights(self, *args, **kwargs) -> None:  # vLLM 0.32's Worker.reload_weights
+        with FakeReload.set_current_vllm_config(self.vllm_config):
+            self.model_runner.reload_weights(*args, **kwargs)
 
 
 def _plain(value: Any) -> bool:
@@ -234,6 +284,16 @@ def stand(monkeypatch):
     platforms.current_platform = types.SimpleNamespace(device_type="cuda", is_sleep_mode_available=lambda: True)
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    config = types.ModuleType("vllm.config")  # the layerwise reload API the worker extension uses
+    config.set_current_vllm_config = FakeReload.set_current_vllm_config
+    reload = types.ModuleType("vllm.model_executor.model_loader.reload")
+    reload.initialize_layerwise_reload = FakeReload.initialize_layerwise_reload
+    reload.finalize_layerwise_reload = FakeReload.finalize_layerwise_reload
+    monkeypatch.setitem(sys.modules, "vllm.config", config)
+    for name in ("vllm.model_executor", "vllm.model_executor.model_loader"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, reload.__name__, reload)
+    monkeypatch.setattr(FakeReload, "calls", [])
     monkeypatch.setattr(base, "_ROLLOUT_BACKENDS", dict(base._ROLLOUT_BACKENDS))  # registration is undone
     sys.modules.pop(BACKEND_MODULE, None)
     FakeLLM.instances = []
@@ -454,7 +514,7 @@ def test_weights_go_through_load_weights_with_hf_names_and_shapes_in_buckets(sta
     llm = stand.llms[0]
     policy = perturbed_policy(model_dir)
     state = policy.state_dict()
-    backend.update_weights(state, version=1)
+    stats = backend.update_weights(state, version=1)
 
     rpcs = [c for c in llm.calls if c[0] == "collective_rpc" and c[1] == "dapo_load_weights"]
     buckets = [c[2][0] for c in rpcs]
@@ -466,14 +526,22 @@ def test_weights_go_through_load_weights_with_hf_names_and_shapes_in_buckets(sta
         assert layer(a[-1][0]) == "" or layer(a[-1][0]) != layer(b[0][0])
     shipped = [e[0] for b in buckets for e in b]
     assert shipped == list(state)  # in order; the tied lm_head too (a reload without it leaves the head stale)
-    assert all(w.model_runner.reloads == len(buckets) for w in llm.workers)  # vLLM 0.32's in-place reload
+    # ONE layerwise reload per sync on each worker (not one per bucket), and no layer left unloaded
+    assert FakeReload.calls == [("initialize",)] * 2 + [("finalize", [])] * 2
+    assert all(w.model_runner.reloads == 0 and w.model_runner.resets == ["encoder", "mm"] for w in llm.workers)
+    syncs = [n for n in llm.names() if n.startswith("rpc:")]
+    assert syncs == ["rpc:dapo_begin_reload", *["rpc:dapo_load_weights"] * len(buckets), "rpc:dapo_finish_reload",
+                     "rpc:dapo_release_memory"]  # fmt: skip
+    assert stats == backend.last_sync and (stats.version, stats.tensors, stats.buckets) == (1, len(state), len(buckets))
+    assert stats.bytes == sum(v.numel() * 2 for v in state.values()) and stats.seconds > 0  # bf16 on the wire
     for rank in (0, 1):  # every tensor-parallel worker got every bucket
         received = llm.workers[rank].model_runner.model.received
         assert [(n, s) for n, s, _ in received] == [(k, tuple(state[k].shape)) for k in shipped]
         assert {d for _, _, d in received} == {torch.bfloat16}  # cast to rollout.dtype before shipping
         for name, value in engine_params(llm, rank).items():
             torch.testing.assert_close(value, state[name].to(torch.bfloat16).float(), rtol=0, atol=0)
-    assert llm.names()[-1] == "reset_prefix_cache"  # stale KV of the old weights is dropped after loading
+    # stale KV of the old weights is dropped after loading, then the sync's staging memory is released
+    assert llm.names()[-2:] == ["reset_prefix_cache", "rpc:dapo_release_memory"]
     assert backend.weight_version == 1
 
 
@@ -529,7 +597,7 @@ def test_sleep_and_wake_sequencing(stand, model_dir) -> None:
     backend.sleep()
     backend.update_weights(perturbed_policy(model_dir).state_dict(), version=1)  # weights only, KV stays freed
     wake = llm.calls.index(("wake_up", ["weights"]))
-    assert llm.names()[wake + 1] == "rpc:dapo_load_weights" and llm.asleep == {"kv_cache"} and backend.is_asleep
+    assert llm.names()[wake + 1] == "rpc:dapo_begin_reload" and llm.asleep == {"kv_cache"} and backend.is_asleep
     backend.generate(PROMPTS, sampling)
     assert llm.calls[-2:] == [("wake_up", ["kv_cache"]), ("generate", 4, False)] and llm.asleep == set()
 
@@ -615,7 +683,7 @@ def test_ray_executor_sleeps_colocated_engines_only(model_dir, placement, free, 
 
     cfg = make_cfg(model_dir, **{"resources.placement": placement, "rollout.free_cache_engine": str(free).lower()})
     group = types.SimpleNamespace(calls=0)
-    group.sleep = lambda: setattr(group, "calls", group.calls + 1)
+    group.sleep = lambda **kw: setattr(group, "calls", group.calls + 1)  # kw: the timeout the executor passes
     ex = types.SimpleNamespace(cfg=cfg, _groups=lambda: (None, group, None))
     RayExecutor._free_rollout_memory(ex)  # type: ignore[arg-type]
     assert group.calls == sleeps
@@ -671,3 +739,111 @@ def test_ray_worker_of_a_tensor_parallel_engine_hands_its_bundles_to_vllm(stand,
     assert worker.weight_version() == 0
     single = RolloutWorker(make_cfg(model_dir), str(model_dir), 1)  # TP 1: vLLM runs in the actor's process
     assert "distributed_executor_backend" not in stand.llms[-1].kwargs and single.weight_version() == 0
+
+
+# ---------------------------------------------------------------------------------------------- streamed weight sync
+
+
+def test_streamed_buckets_make_one_reload_and_report_bytes_and_seconds(stand, model_dir) -> None:
+    backend, _ = make_backend(stand, model_dir)
+    llm = stand.llms[0]
+    state = perturbed_policy(model_dir).state_dict()  # fp32 masters
+    assert backend.sync_dtype == torch.bfloat16  # rollout.dtype: what the trainer should ship
+    names = list(state)
+    parts = [names[:3], names[3:9], names[9:]]
+    backend.begin_weight_update(4)
+    shipped = [backend.load_weight_bucket([(n, state[n]) for n in part]) for part in parts]
+    assert shipped == [sum(state[n].numel() * 2 for n in part) for part in parts]  # cast to bf16 before shipping
+    with pytest.raises(RuntimeError, match="weight update to version 4 is in progress"):
+        backend.generate(PROMPTS, SamplingConfig())  # the parameters are being replaced
+    with pytest.raises(ValueError, match="does not match begin_weight_update"):
+        backend.finish_weight_update(5)
+    stats = backend.finish_weight_update(4)
+    assert stats == backend.last_sync and isinstance(stats, base.WeightSyncStats)
+    assert (stats.version, stats.tensors, stats.buckets, stats.bytes) == (4, len(names), 3, sum(shipped))
+    assert stats.seconds > 0 and backend.weight_version == 4
+    assert FakeReload.calls == [("initialize",), ("finalize", [])]  # once per sync, not once per bucket
+    for name, value in engine_params(llm).items():
+        torch.testing.assert_close(value, state[name].to(torch.bfloat16).float(), rtol=0, atol=0)
+    assert len(backend.generate(PROMPTS, SamplingConfig(max_new_tokens=2))) == 4
+
+
+def test_the_stream_is_refused_out_of_order(stand, model_dir) -> None:
+    backend, _ = make_backend(stand, model_dir)
+    state = perturbed_policy(model_dir).state_dict()
+    first = next(iter(state))
+    with pytest.raises(RuntimeError, match="no weight update in progress: call begin_weight_update"):
+        backend.load_weight_bucket([(first, state[first])])
+    with pytest.raises(RuntimeError, match="no weight update in progress"):
+        backend.finish_weight_update(1)
+    backend.update_weights(state, version=2)
+    with pytest.raises(ValueError, match="older than the loaded version 2"):
+        backend.begin_weight_update(1)
+    backend.begin_weight_update(3)
+    with pytest.raises(RuntimeError, match="in progress: call finish_weight_update"):
+        backend.begin_weight_update(3)
+    backend.load_weight_bucket([(first, state[first])])
+    with pytest.raises(ValueError, match="already shipped in this update"):
+        backend.load_weight_bucket([(first, state[first])])
+
+
+def test_a_stream_that_leaves_parameters_unwritten_fails_and_blocks_generation(stand, model_dir, monkeypatch) -> None:
+    backend, _ = make_backend(stand, model_dir)
+    state = perturbed_policy(model_dir).state_dict()
+    backend.expected_weights = None  # only the engine can tell what is missing now
+    backend.begin_weight_update(1)
+    backend.load_weight_bucket([(n, v) for n, v in state.items() if "layers.1." not in n])
+    with pytest.raises(ValueError, match=r"unwritten, e\.g\. \['model\.layers\.1\..*full sync"):
+        backend.finish_weight_update(1)
+    assert backend.weight_version == 0 and FakeReload.calls[-1][0] == "finalize"  # finalised: the engine can run
+    with pytest.raises(RuntimeError, match=r"failed part-way.*full update_weights"):
+        backend.generate(PROMPTS, SamplingConfig())
+    # a failure inside a bucket ends the sync too (finalised with force), and a full sync recovers
+    backend.begin_weight_update(2)
+    with pytest.raises(KeyError):
+        backend.load_weight_bucket([("model.no_such.weight", torch.zeros(2))])
+    assert not backend.weight_update_in_progress
+    assert ("collective_rpc", "dapo_finish_reload", ()) in stand.llms[0].calls
+    backend.update_weights(state, version=2)
+    assert backend.weight_version == 2 and len(backend.generate(PROMPTS, SamplingConfig(max_new_tokens=2))) == 4
+
+
+def test_without_the_layerwise_api_each_bucket_goes_through_the_workers_own_reload(stand, model_dir, monkeypatch):
+    monkeypatch.delitem(sys.modules, "vllm.model_executor.model_loader.reload")
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.model_loader.reload", None)  # import fails
+    backend, _ = make_backend(stand, model_dir)
+    backend.weight_sync_bucket_bytes = 4096
+    stats = backend.update_weights(perturbed_policy(model_dir).state_dict(), version=1)
+    runner = stand.llms[0].workers[0].model_runner
+    assert stats.buckets > 1 and runner.reloads == stats.buckets  # Worker.reload_weights (sets the config) per bucket
+    assert FakeReload.calls == []
+
+
+@pytest.mark.parametrize(("mode", "backend_name", "transport"), [("cuda_ipc", "ipc", "IpcTransport"),
+                                                                  ("nccl", "nccl", "NcclTransport")])  # fmt: skip
+def test_gpu_weight_sync_modes_configure_vllms_transfer_engine(stand, model_dir, monkeypatch, mode, backend_name,
+                                                               transport) -> None:  # fmt: skip
+    monkeypatch.delenv("VLLM_ALLOW_INSECURE_SERIALIZATION", raising=False)
+    backend, _ = make_backend(stand, model_dir, **{"rollout.weight_sync": mode, "rollout.tensor_parallel_size": 2,
+                                                   "resources.n_gpus_per_node": 2})  # fmt: skip
+    assert stand.llms[0].kwargs["weight_transfer_config"] == {"backend": backend_name}
+    assert type(backend._transport).__name__ == transport and backend._transport.mode == mode
+    # IPC handles travel pickled: vLLM's workers accept them only with this set before the engine starts
+    assert os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION") == ("1" if mode == "cuda_ipc" else None)
+    if mode == "nccl":
+        assert backend._transport.world_size == 3  # the sender + 2 tensor-parallel workers
+
+
+@pytest.mark.parametrize("mode", ["cuda_ipc", "nccl"])
+def test_gpu_weight_sync_modes_are_refused_without_cuda_naming_the_knob(stand, model_dir, monkeypatch, mode) -> None:
+    platform = sys.modules["vllm.platforms"].current_platform
+    monkeypatch.setattr(platform, "device_type", "cpu")
+    monkeypatch.setattr(platform, "is_sleep_mode_available", lambda: False)
+    with pytest.raises(RuntimeError, match=rf"rollout\.weight_sync={mode} .*needs CUDA.*rollout\.weight_sync=bytes"):
+        make_backend(stand, model_dir, **{"rollout.weight_sync": mode})
+    monkeypatch.setattr(platform, "device_type", "cuda")
+    monkeypatch.setattr(stand.backend, "cuda_available", lambda: False)  # a CUDA engine, but no GPU in this process
+    with pytest.raises(RuntimeError, match=r"torch\.cuda\.is_available\(\) is False"):
+        make_backend(stand, model_dir, **{"rollout.weight_sync": mode})
+    assert stand.llms == []  # refused before an engine started
+    assert "weight_transfer_config" not in make_backend(stand, model_dir)[0].engine_kwargs  # bytes: the default

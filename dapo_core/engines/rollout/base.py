@@ -14,10 +14,12 @@ import abc
 import importlib
 import importlib.util
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
@@ -81,6 +83,38 @@ class RolloutResult:
     text: str  # decoded response, special tokens skipped
 
 
+@dataclass(frozen=True)
+class WeightSyncStats:
+    """What one weight sync shipped: ``tensors`` in ``buckets``, ``bytes`` of payload (as shipped, after the cast
+    to ``sync_dtype``), in ``seconds`` from ``begin_weight_update`` to the end of ``finish_weight_update``."""
+
+    version: int
+    tensors: int
+    buckets: int
+    bytes: int
+    seconds: float
+
+
+def cast_for_sync(tensor: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``tensor`` detached, floating tensors cast to ``dtype`` (None: as they are); a copy only when it casts."""
+    t = tensor.detach()
+    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+        t = t.to(dtype)
+    return t
+
+
+@dataclass
+class _PendingUpdate:
+    """A weight update between ``begin_weight_update`` and ``finish_weight_update``."""
+
+    version: int
+    started: float = field(default_factory=time.perf_counter)
+    names: set[str] = field(default_factory=set)
+    buckets: int = 0
+    bytes: int = 0
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # the default implementation's collected buckets
+
+
 class RolloutBackend(abc.ABC):
     """A generation engine that the trainer keeps in sync with the policy weights.
 
@@ -91,6 +125,8 @@ class RolloutBackend(abc.ABC):
 
     shares_policy_model: ClassVar[bool] = True
     _weight_version: int = 0
+    _pending_update: _PendingUpdate | None = None
+    last_sync: WeightSyncStats | None = None  # the last completed weight sync (None: none yet)
 
     @classmethod
     def from_config(
@@ -131,8 +167,105 @@ class RolloutBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
-        """Load the policy's weights (step 6 of Algorithm 1) and record them as ``version``."""
+    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> WeightSyncStats | None:
+        """Load the policy's weights (step 6 of Algorithm 1) and record them as ``version``.
+
+        Backends that stream (``vllm``) return the sync's ``WeightSyncStats``; in-place ones may return None.
+        """
+
+    # ------------------------------------------------------------------ streamed weight updates
+    # A trainer that gathers its weights piece by piece (FSDP: one decoder layer at a time) ships them as
+    #     backend.begin_weight_update(v); backend.load_weight_bucket(bucket) ...; stats = backend.finish_weight_update(v)
+    # with buckets in the order of vllm_worker.plan_buckets(..., group=layer_group). The defaults below collect the
+    # buckets and hand them to update_weights at finish; backends that can load a bucket at a time override all three.
+
+    @property
+    def sync_dtype(self) -> torch.dtype | None:
+        """The dtype this backend wants floating weights shipped in (None: as the trainer holds them)."""
+        return None
+
+    @property
+    def weight_update_in_progress(self) -> bool:
+        """True between ``begin_weight_update`` and ``finish_weight_update`` / ``abort_weight_update``."""
+        return self._pending_update is not None
+
+    def begin_weight_update(self, version: int) -> None:
+        """Start a streamed weight update to ``version`` (refused if older than the loaded version or while
+        another update is in progress)."""
+        if self._pending_update is not None:
+            raise RuntimeError(
+                f"{type(self).__name__}: a weight update to version {self._pending_update.version} is in progress: "
+                "call finish_weight_update (or abort_weight_update) before beginning another"
+            )
+        self._check_weight_version(version)
+        self._pending_update = _PendingUpdate(version)
+
+    def _require_update(self, what: str) -> _PendingUpdate:
+        pending = self._pending_update
+        if pending is None:
+            raise RuntimeError(f"{type(self).__name__}.{what}: no weight update in progress: call begin_weight_update")
+        return pending
+
+    def _end_update(self, version: int) -> _PendingUpdate:
+        """The update ``finish_weight_update(version)`` completes, taken out of progress (versions must match)."""
+        pending = self._require_update("finish_weight_update")
+        if version != pending.version:
+            raise ValueError(
+                f"finish_weight_update({version}) does not match begin_weight_update({pending.version}): pass the "
+                "same version to both"
+            )
+        self._pending_update = None
+        return pending
+
+    def _note_bucket(self, pending: _PendingUpdate, named: Sequence[tuple[str, Tensor]]) -> None:
+        """Refuse an empty bucket or a name shipped twice in one update; record the names."""
+        if not named:
+            raise ValueError(f"{type(self).__name__}.load_weight_bucket: empty bucket (plan_buckets never makes one)")
+        names = [n for n, _ in named]
+        repeated = sorted({n for n in names if n in pending.names} | {n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"{type(self).__name__}.load_weight_bucket: {repeated[:5]} already shipped in this update: ship each "
+                "tensor once per update (buckets from plan_buckets over the state dict's names)"
+            )
+        pending.names.update(names)
+        pending.buckets += 1
+
+    def load_weight_bucket(self, named: Sequence[tuple[str, Tensor]]) -> int:
+        """Take one bucket of HF-named tensors (cast to ``sync_dtype`` if needed); returns its payload bytes.
+
+        Default: collects the bucket (no copy unless it casts) for ``finish_weight_update``.
+        """
+        pending = self._require_update("load_weight_bucket")
+        self._note_bucket(pending, named)
+        nbytes = 0
+        for name, tensor in named:
+            t = cast_for_sync(tensor, self.sync_dtype)
+            pending.tensors[name] = t
+            nbytes += t.numel() * t.element_size()
+        pending.bytes += nbytes
+        return nbytes
+
+    def finish_weight_update(self, version: int) -> WeightSyncStats:
+        """Complete the update begun with ``begin_weight_update(version)``: load, record ``version``, return stats.
+
+        Default: ``update_weights`` with the collected buckets.
+        """
+        pending = self._end_update(version)
+        self.update_weights(pending.tensors, version)
+        return self._record_sync(pending)
+
+    def abort_weight_update(self) -> None:
+        """Drop an update in progress (after a failure part-way); the loaded version stays. No-op without one."""
+        self._pending_update = None
+
+    def _record_sync(self, pending: _PendingUpdate) -> WeightSyncStats:
+        stats = WeightSyncStats(
+            version=pending.version, tensors=len(pending.names), buckets=pending.buckets, bytes=pending.bytes,
+            seconds=time.perf_counter() - pending.started,
+        )  # fmt: skip
+        self.last_sync = stats
+        return stats
 
     @property
     def weight_version(self) -> int:

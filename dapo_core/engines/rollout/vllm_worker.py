@@ -68,8 +68,10 @@ def plan_buckets(
     """Cut ``(name, nbytes)`` pairs, in order, into buckets of at most ``limit_bytes``.
 
     With ``group``, names with the same group key that follow each other stay in one bucket (a group larger than
-    the limit travels alone, over the limit): vLLM processes a layer once per reload call, so a layer split across
-    two calls would be processed half-loaded. Without, a tensor larger than the limit travels alone.
+    the limit travels alone, over the limit): vLLM's layerwise reload buffers a layer's tensors until all of them
+    have arrived, so a whole layer per bucket frees each bucket as it loads, and the per-bucket fallback (vLLM
+    without the layerwise API) would process a split layer half-loaded. Without, a tensor larger than the limit
+    travels alone.
     Concatenating the buckets gives the names back in order.
     """
     if limit_bytes < 1:
@@ -100,13 +102,39 @@ def bucket_nbytes(bucket: Sequence[Sequence[Any]]) -> int:
     return sum(len(entry[3]) for entry in bucket)
 
 
-class WeightSyncWorkerExtension:
-    """Methods vLLM adds to its worker class; ``self`` is the worker, which owns ``self.model_runner``.
+def _layerwise_reload_api() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
+    """vLLM 0.32's layerwise reload (``vllm.model_executor.model_loader.reload``: ``initialize_layerwise_reload``,
+    ``finalize_layerwise_reload``) and ``vllm.config.set_current_vllm_config``; None where they are missing."""
+    try:
+        from vllm.config import set_current_vllm_config  # type: ignore[import-not-found]
+        from vllm.model_executor.model_loader.reload import (  # type: ignore[import-not-found]
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+    except ImportError:
+        return None
+    return initialize_layerwise_reload, finalize_layerwise_reload, set_current_vllm_config
 
+
+class WeightSyncWorkerExtension:
+    """Methods vLLM adds to its worker class; ``self`` is the worker (``self.model_runner``, ``self.vllm_config``).
+
+    A weight sync is ``dapo_begin_reload`` once, ``dapo_load_weights`` per bucket, ``dapo_finish_reload`` once,
+    then ``dapo_release_memory``. vLLM 0.32 (``model_loader/reload/layerwise.py``): ``initialize_layerwise_reload``
+    moves every layer's parameters to the meta device and wraps their weight loaders so a layer is processed (and
+    copied back into its original storage) as soon as all its elements have arrived; ``finalize_layerwise_reload``
+    puts the old tensors back into any layer that received nothing (logging "<Layer>: Failed to load weights") and
+    processes attention layers. ``Worker.reload_weights`` runs exactly initialise + ``model.load_weights`` +
+    finalise per call, so one call per bucket would re-initialise every layer per bucket and warn for each layer
+    outside it: hence one initialise and one finalise per sync, each inside ``set_current_vllm_config(self.
+    vllm_config)`` as ``Worker.reload_weights`` does. Between begin and finish the model's parameters are on the
+    meta device: the engine must not run (``VllmRollout`` refuses to generate then).
     Names carry a ``dapo_`` prefix so they never shadow a method of vLLM's own worker.
     """
 
     model_runner: Any  # provided by vLLM's worker
+    vllm_config: Any  # provided by vLLM's worker
+    _dapo_reload: dict[str, Any] | None = None  # the sync in progress on this worker
 
     def _dapo_model(self) -> torch.nn.Module:
         runner = self.model_runner
@@ -115,28 +143,82 @@ class WeightSyncWorkerExtension:
         model = get_model() if callable(get_model) else runner.model
         return model  # type: ignore[no-any-return]
 
-    def dapo_load_weights(self, bucket: Sequence[Sequence[Any]]) -> list[str] | None:
-        """Load one bucket of HF-named weights into the loaded engine, in place.
+    def _dapo_param_names(self, model: torch.nn.Module) -> set[str]:
+        lora = getattr(getattr(self, "vllm_config", None), "lora_config", None)
+        names = {name for name, _ in model.named_parameters()}  # as vLLM's reload_weights counts them
+        return {n.replace(".base_layer.", ".") for n in names} if lora else names
 
-        vLLM 0.32: ``model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`` (it maps HF
-        names onto the fused parameters, keeps this rank's shard and re-runs the post-load processing; it reports
-        no names: None is returned). Older runners without it: the model's own ``load_weights``, which returns the
-        vLLM parameter names it wrote.
-        """
+    def dapo_begin_reload(self) -> bool:
+        """Initialise a layerwise reload for this sync; False where vLLM lacks the API (per-bucket reloads then)."""
+        if self._dapo_reload is not None:
+            raise RuntimeError("dapo_begin_reload: a weight sync is already in progress on this vLLM worker")
         model = self._dapo_model()
-        device = next(model.parameters()).device
+        state: dict[str, Any] = {
+            "device": next(model.parameters()).device,  # read before the parameters move to the meta device
+            "expected": self._dapo_param_names(model),
+            "loaded": set(),
+            "api": _layerwise_reload_api(),
+        }
+        if state["api"] is not None:
+            initialize, _, current_config = state["api"]
+            with current_config(self.vllm_config):
+                initialize(model)
+        self._dapo_reload = state
+        return state["api"] is not None
+
+    def dapo_load_weights(self, bucket: Sequence[Sequence[Any]]) -> int:
+        """Load one bucket of HF-named weights (``encode_bucket``'s format) into the layerwise reload; returns the
+        number of tensors. Without the layerwise API: the worker's own ``reload_weights`` (which sets the current
+        vLLM config) on this bucket alone, or the model's ``load_weights`` for runners without it."""
+        state = self._dapo_reload
+        if state is None:
+            raise RuntimeError("dapo_load_weights: no weight sync in progress: call dapo_begin_reload first")
+        device = state["device"]
         weights = [(name, tensor.to(device)) for name, tensor in decode_bucket(bucket)]
-        reload = getattr(self.model_runner, "reload_weights", None)
-        if callable(reload):
-            reload(weights_iterator=weights, is_checkpoint_format=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return None
-        loaded = model.load_weights(weights=weights)  # type: ignore[operator]
+        model = self._dapo_model()
+        if state["api"] is not None:
+            with state["api"][2](self.vllm_config):
+                loaded = model.load_weights(weights)  # type: ignore[operator]
+            state["loaded"].update(str(n) for n in loaded or ())
+        else:
+            state["expected"] = None  # the fallbacks report no names: nothing to check at finish
+            reload = getattr(self, "reload_weights", None)
+            if callable(reload):
+                reload(weights_iterator=weights, is_checkpoint_format=True)
+            else:
+                model.load_weights(weights=weights)  # type: ignore[operator]
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the copies are done before the RPC answers
-        return sorted(str(n) for n in loaded) if loaded is not None else None
+        return len(weights)
+
+    def dapo_finish_reload(self, force: bool = False) -> list[str]:
+        """Finalise the layerwise reload (also after a failure: the engine is runnable again) and drop what the old
+        weights left in the runner's caches; returns the vLLM parameter names no bucket wrote ([] when unknown).
+        ``force``: finalise even without a sync of ours in progress (after vLLM's own ``update_weights`` failed,
+        which ends its session without finalising; a no-op on layers that are not being reloaded)."""
+        state, self._dapo_reload = self._dapo_reload, None
+        if state is None:
+            if not force or (api := _layerwise_reload_api()) is None:
+                return []
+            state = {"api": api, "expected": None}
+        if state["api"] is not None:
+            _, finalize, current_config = state["api"]
+            with current_config(self.vllm_config):
+                finalize(self._dapo_model(), self.vllm_config.model_config)
+            for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as reload_weights
+                method = getattr(self.model_runner, reset, None)
+                if callable(method):
+                    method()
+        expected = state["expected"]
+        return sorted(expected - state["loaded"]) if expected is not None else []
+
+    def dapo_release_memory(self) -> int:
+        """Give this worker's cached accelerator memory back (the sync's staging copies) before the KV cache wakes;
+        returns the bytes released (0 on CPU)."""
+        from dapo_core.engines.memory import release_cached_memory
+
+        return release_cached_memory("vllm worker").released
 
     def dapo_param_names(self) -> list[str]:
         """Names of the model's parameters on this rank (what a full sync must write)."""
-        return sorted(name for name, _ in self._dapo_model().named_parameters())
+        return sorted(self._dapo_param_names(self._dapo_model()))
