@@ -26,6 +26,8 @@ from dapo_core.engines.fsdp import FsdpSettings, apply_fsdp2, decoder_layers
 from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
 
 OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, grad_clip=1.0)  # Adam amplifies float-order noise ~ lr
+# grad norms here are ~1 (OPTIM's clip barely binds); this clip scales every gradient by ~1/20
+OPTIM_CLIP = OptimConfig(lr=1e-3, weight_decay=0.1, grad_clip=0.05)
 LOSS = LossConfig(clip_c=10.0)  # DAPO: clip-higher 0.2 / 0.28, dual clip, token-mean
 MICRO = 2
 WORLD = 2
@@ -121,10 +123,16 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         snap("resumed", resumed)
         out["m5_resumed"] = resumed.update(next_shard, LOSS, ppo_epochs=1, mini_batch_groups=1)
         snap("5_resumed", resumed)
-        # CPU offload of the shards and ZeRO-2 (no reshard after forward): the same fp32 step as 1
+        # CPU offload of the shards and ZeRO-2 (no reshard after forward): the same fp32 step as 1, with a grad clip
+        # that binds (clip_grad_norm_ over CPU DTensor gradients: the group must run CPU collectives)
         offload = FsdpSettings("float32", "float32", cpu_offload=True, reshard_after_forward=False)
-        other = _fsdp_trainer(1, offload)
-        other.update(shard_for_update(batch, 2, WORLD)[rank], LOSS, ppo_epochs=1, mini_batch_groups=1)
+        other = PolicyTrainer(apply_fsdp2(tiny_model(seed=1), offload), OPTIM_CLIP, micro_batch_size=MICRO)
+        out["m_offload"] = other.update(
+            shard_for_update(batch, 2, WORLD)[rank], LOSS, ppo_epochs=1, mini_batch_groups=1
+        )
+        out["offload_grad_devices"] = sorted({p.grad.to_local().device.type for p in other.model.parameters()})
+        grads = {n: p.grad.full_tensor() for n, p in other.model.named_parameters()}  # collective (CPU, gloo)
+        out["grads/offload"] = grads if rank == 0 else {}
         snap("offload", other)
         # bf16 all-gather / compute, fp32 reduce and master weights; activation checkpointing on; gradients
         # reduce-scattered after every micro-batch (no deferred sync)
@@ -189,6 +197,10 @@ def single() -> dict[str, Any]:
     snap("4")
     out["m5"] = trainer.update(batch, LOSS, ppo_epochs=1, mini_batch_groups=2)
     snap("5")
+    clipped = PolicyTrainer(tiny_model(seed=1), OPTIM_CLIP, micro_batch_size=MICRO)
+    out["m1_clip"] = clipped.update(batch, LOSS, ppo_epochs=1, mini_batch_groups=2)
+    out["weights/1_clip"] = {k: v.detach().clone() for k, v in clipped.model.state_dict().items()}
+    out["grads/1_clip"] = {n: p.grad.detach().clone() for n, p in clipped.model.named_parameters()}
     return out
 
 
@@ -224,9 +236,16 @@ def test_dapo_update_on_two_fsdp_ranks_equals_the_single_process_update(ranks, s
     assert r0["m1"]["num_updates"] == 2.0 and r0["m1"]["pg_clipfrac"] > 0  # two mini-batches, clipping on
 
 
-def test_cpu_offload_and_no_reshard_after_forward_give_the_same_step(ranks, single):
-    (r0, _), _ = ranks
-    _assert_weights(r0["weights/offload"], single["weights/1"])
+def test_cpu_offload_and_no_reshard_after_forward_give_the_same_clipped_step(ranks, single):
+    (r0, r1), _ = ranks
+    assert r0["offload_grad_devices"] == r1["offload_grad_devices"] == ["cpu"]  # the gradients really are offloaded
+    want = single["m1_clip"]
+    assert want["grad_norm"] > 10 * OPTIM_CLIP.grad_clip  # the clip binds: coefficient ~0.05 (norm ~1.04)
+    _assert_metrics(r0["m_offload"], want)
+    _assert_metrics(r1["m_offload"], want)
+    # the clipped gradient of the last mini-batch (the global norm over both ranks' CPU shards), then the weights
+    _assert_weights(r0["grads/offload"], single["grads/1_clip"], rtol=1e-5, atol=1e-7)
+    _assert_weights(r0["weights/offload"], single["weights/1_clip"])
 
 
 def test_uneven_shards_and_a_rank_without_rows_give_the_single_process_step(ranks, single):

@@ -4,7 +4,7 @@ Every helper here that touches a sharded model is a *collective*: every rank of 
 the same order (each one all-gathers or writes together). Pure torch; the Ray side lives in
 ``dapo_core.distributed.trainer_group``.
 
-    dist.init_process_group("gloo")                      # or nccl; also for a world of 1
+    dist.init_process_group(process_group_backend(device.type))  # "cpu:gloo,cuda:nccl" / "gloo"; also a world of 1
     model = apply_fsdp2(load_model(path, dtype=MASTER_DTYPE), FsdpSettings(param_dtype="bfloat16"))
     trainer = PolicyTrainer(model, optim)                # sees the FSDP module: no manual gradient all-reduce
     ...                                                  # update / sft_step / compute_log_probs on every rank
@@ -44,6 +44,7 @@ from torch.distributed.tensor import DTensor
 
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import LoadedCheckpoint, ShardedSave, load_checkpoint, save_checkpoint, shards_dir
+from dapo_core.engines.dist_setup import barrier_device
 
 if TYPE_CHECKING:
     from dapo_core.config.schema import FsdpConfig
@@ -298,10 +299,16 @@ def export_hf_dir(
 
 
 def all_ranks_ok(ok: bool) -> bool:
-    """Collective: True iff every rank passed True (one all-reduce; True without a process group)."""
+    """Collective: True iff every rank passed True (one all-reduce; True without a process group).
+
+    Also the barrier where the other ranks wait while rank 0 alone writes an export or a checkpoint: the flag
+    lives on the CPU whenever the group has a CPU side (gloo, or ``cpu:gloo,cuda:nccl``), so the wait happens in a
+    host thread under the group's collective timeout (``resources.collective_timeout_s``), with nothing spinning
+    on the NCCL stream (see ``dapo_core.engines.dist_setup``). A pure NCCL group falls back to a CUDA flag.
+    """
     if not (dist.is_available() and dist.is_initialized()):
         return ok
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    device = barrier_device(str(dist.get_backend()))
     flag = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return int(flag.item()) == 0
