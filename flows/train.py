@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
 from dapo_core.algorithm import GroupAccumulator
+from dapo_core.algorithm import metric_names as mn
 from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
 from dapo_core.config.schema import resolved_run_name
 from dapo_core.engines.checkpoint import latest_checkpoint
@@ -284,6 +285,9 @@ def _train_step(
         t0 = time.perf_counter()
         T.sync_weights(executor)
         timings["sync_weights"] = time.perf_counter() - t0
+        if executor.last_sync is not None:
+            metrics[mn.PERF_SYNC_BYTES] = float(executor.last_sync.bytes)
+            metrics[mn.TIMING_WEIGHT_SYNC] = executor.last_sync.seconds
         timings.update(t_update)
     else:
         # graceful dynamic sampling kept nothing: no group has signal, so there is no gradient to follow

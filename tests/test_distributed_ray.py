@@ -11,7 +11,8 @@ import time
 
 import pytest
 import ray
-from _tiny import tiny_model_dir
+import torch
+from _tiny import random_batch, tiny_model_dir
 from conftest_distributed import (
     assert_same_step,
     dapo_step,
@@ -21,8 +22,12 @@ from conftest_distributed import (
 )
 
 from dapo_core.distributed import ActorFailureError, RayExecutor, RayOptions, RewardPool, connect, shutdown
+from dapo_core.distributed.executor import TrainerWeights
+from dapo_core.distributed.faults import ManagedActor
+from dapo_core.distributed.rollout_group import RolloutGroup, RolloutSleepError
 from dapo_core.engines.executor import LocalExecutor, sampling_from
 from dapo_core.engines.models import load_model
+from dapo_core.engines.rollout import SamplingConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a Ray hang fails the test, not CI
 
@@ -94,6 +99,37 @@ def test_worker_restarted_between_steps_refuses_stale_weights_and_is_resynced(pa
     assert_same_step(a, b)
     assert victim.failures == 1 and victim.last_cause.startswith("StaleWeightsError")
     assert max_weight_diff(pair.local, ray_weights(pair.remote)) <= 1e-6
+
+
+def test_a_sync_streamed_in_small_buckets_leaves_every_worker_with_the_trainer_weights(pair):
+    remote = pair.remote
+    source = TrainerWeights(remote.trainers, limit_bytes=16 << 10, dtype="float32")  # the tiny model is ~76 kB
+    plan = source.plan()
+    trainer = ray_weights(remote)
+    assert len(plan) >= 3 and sorted(n for bucket in plan for n in bucket) == sorted(trainer)
+    stats = remote.rollout.stream_weights(source, remote.weight_version)
+    expected = sum(t.numel() * t.element_size() for t in trainer.values())
+    assert [(s["bytes"], s["buckets"]) for s in stats] == [(expected, len(plan))] * len(remote.rollout.actors)
+    for actor in remote.rollout.actors:
+        held = ray.get(actor.handle.__ray_call__.remote(lambda w: dict(w.backend.model.state_dict())))
+        assert all(torch.equal(held[k].float(), trainer[k]) for k in trainer)
+
+
+def test_engines_that_do_not_release_memory_in_time_stop_the_update_with_the_knob(ray_session):
+    @ray.remote
+    class BusyWorker:  # a worker whose engine is still generating (one_step_off), as sleep() waits behind it
+        def sleep(self) -> bool:
+            time.sleep(30)
+            return True
+
+    group = RolloutGroup.__new__(RolloutGroup)
+    group.actors = [ManagedActor("rollout worker", 0, BusyWorker.remote())]
+    group.start_timeout_s, group.max_failures = 300.0, 2
+    t0 = time.perf_counter()
+    with pytest.raises(RolloutSleepError, match="rollout_sleep_timeout_s"):
+        group.sleep(timeout_s=1.0)
+    assert time.perf_counter() - t0 < 15  # the sleep's own timeout, not the start timeout
+    ray.kill(group.actors[0].handle)
 
 
 def test_checkpoint_and_export_go_through_rank0_and_restore_every_rank(pair, tmp_path):
@@ -175,3 +211,23 @@ def test_the_failure_limit_raises_an_error_naming_actor_node_and_cause(pair):
     # a process that exits mid-call reads as died or (while Ray notices) unavailable; either way it is named
     assert info.value.cause.startswith(("ActorDiedError", "ActorUnavailableError")) and info.value.node in message
     assert "max_actor_failures=2" in message
+
+
+def test_a_generation_submitted_before_an_update_runs_while_the_update_does(ray_session, tmp_path):
+    """rollout.mode=one_step_off's premise on Ray: the next step's generation, submitted just before this step's
+    update, runs on the rollout worker while the trainer rank updates (their wall-clock spans intersect)."""
+    model_dir = tiny_model_dir(tmp_path / "base")
+    ex = RayExecutor(tiny_cfg(model_dir, **{"rollout.mode": "one_step_off"}), options=RayOptions(start_timeout_s=120.0))
+    try:
+        batch = random_batch(0)
+        batch.old_log_probs, _ = ex.compute_log_probs(batch)
+        prompts = [ex.tokenizer.encode(f"Q: {a}+{b}\n") for a in range(8) for b in range(8)]
+        pending = ex.submit_generate(prompts, SamplingConfig(n=8, max_new_tokens=48, seed=7))  # ~1-2 s of decoding
+        ex.update(batch)
+        assert len(pending.result()) == 64 * 8
+        spans = ex.phase_spans()
+        (_, gen_start, gen_end), (_, upd_start, upd_end) = spans["rollout"][-1], spans["trainer"][-1]
+        assert gen_start < upd_start < gen_end, spans  # the update began while the generation was running
+        assert upd_start < gen_end and gen_start < upd_end  # the two spans intersect
+    finally:
+        ex.shutdown()

@@ -181,6 +181,6 @@ def test_hf_rollout_workers_are_not_put_to_sleep_so_generation_can_overlap_the_u
             recipe="tiny-dapo", overrides=[f"rollout.backend={backend}", "resources.placement=colocate"], env={}
         )
         group = types.SimpleNamespace(calls=0)
-        group.sleep = lambda g=group: setattr(g, "calls", g.calls + 1)
+        group.sleep = lambda g=group, **_: setattr(g, "calls", g.calls + 1)
         RayExecutor._free_rollout_memory(types.SimpleNamespace(cfg=cfg, _groups=lambda g=group: (None, g, None)))
         assert group.calls == sleeps, backend

@@ -75,6 +75,11 @@ PERF_TIME_PER_STEP = "perf/time_per_step"
 PERF_CPU_TIME_PER_STEP = "perf/cpu_time_per_step"  # the training process's CPU seconds (all threads)
 PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
 PERF_CPU_MEMORY_USED_GB = "perf/cpu_memory_used_gb"
+# the weight sync after each update: payload bytes each rollout engine received (0 when the rollout shares the
+# trainer's module) and the seconds the executor measured for it (gather + transfer + load; timing_s/sync_weights
+# is the whole task's wall time)
+PERF_SYNC_BYTES = "perf/sync_bytes"
+TIMING_WEIGHT_SYNC = "timing_s/weight_sync"
 
 _MLFLOW_KEY = re.compile(r"^[A-Za-z0-9_\-./: ]+$")
 
@@ -165,5 +170,7 @@ def training_metric_names() -> list[str]:
         PERF_CPU_TIME_PER_STEP,
         PERF_TOTAL_NUM_TOKENS,
         PERF_CPU_MEMORY_USED_GB,
+        PERF_SYNC_BYTES,
+        TIMING_WEIGHT_SYNC,
     ]
     return names

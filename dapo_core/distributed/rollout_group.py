@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict
+from typing import Any, Protocol
 
 import ray
 import torch
@@ -40,6 +42,21 @@ ROLE = "rollout worker"
 
 class StaleWeightsError(RuntimeError):
     """A rollout worker was asked to generate with a weight version it does not hold."""
+
+
+class RolloutSleepError(RuntimeError):
+    """Colocated engines did not release their GPU memory in time: an update now would overlap them."""
+
+
+class WeightSource(Protocol):
+    """Where a streamed sync reads the weights from (the trainer ranks): a plan of buckets, each gathered on
+    demand into the object store (``dapo_core.distributed.executor.TrainerWeights``)."""
+
+    def plan(self) -> list[list[str]]: ...
+
+    def submit(self, names: list[str]) -> Any: ...
+
+    def ref(self, pending: Any) -> Any: ...
 
 
 class RolloutWorker:
@@ -81,6 +98,7 @@ class RolloutWorker:
             cfg, model=model, tokenizer=tokenizer, model_path=model_path, engine_overrides=engine_overrides
         )
         self._exit_on_generate = False
+        self._spans: list[tuple[str, float, float]] = []
 
     def node_info(self) -> dict[str, Any]:
         return this_node()
@@ -99,15 +117,36 @@ class RolloutWorker:
                 f"this worker holds weight version {self.backend.weight_version}, the step expects "
                 f"{expected_version}: the controller re-syncs the weights and retries"
             )
-        return self.backend.generate(prompts, sampling, prompt_index_offset=offset)
+        start = time.time()
+        results = self.backend.generate(prompts, sampling, prompt_index_offset=offset)
+        self._spans.append(("generate", start, time.time()))
+        return results
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        """(call, start, end) wall-clock times of this worker's generate calls (overlap diagnostics, tests)."""
+        return list(self._spans)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> int:
         self.backend.update_weights(state_dict, version)
         return self.backend.weight_version
 
-    def sleep(self) -> None:
-        """Release the engine's accelerator memory until the next generate (vLLM sleep mode; no-op for hf)."""
+    def begin_weight_update(self, version: int) -> None:
+        """A streamed sync starts: the engine wakes only its weights (its KV cache stays released)."""
+        self.backend.begin_weight_update(version)
+
+    def load_weight_bucket(self, bucket: dict[str, torch.Tensor]) -> int:
+        """One bucket of HF-named tensors (Ray resolved its object-store ref); returns the bytes loaded."""
+        return self.backend.load_weight_bucket(list(bucket.items()))
+
+    def finish_weight_update(self, version: int) -> dict[str, Any]:
+        """The sync's last call: the engine finalises the weights and records ``version``; its figures."""
+        return asdict(self.backend.finish_weight_update(version))
+
+    def sleep(self) -> bool:
+        """Release the engine's accelerator memory until the next generate (vLLM sleep mode; no-op for hf);
+        True when the engine is asleep afterwards."""
         self.backend.sleep()
+        return bool(getattr(self.backend, "is_asleep", False))
 
     def exit_on_next_generate(self) -> None:
         """Fault injection for tests and drills: the next ``generate`` call kills this process."""
@@ -151,7 +190,8 @@ class RolloutGroup:
             )
             for k, slot in enumerate(plan.rollout_slots)
         ]
-        self._weights: tuple[Any, int] | None = None  # (state-dict ObjectRef, version) of the last sync
+        self._weights: tuple[Any, int] | None = None  # (state-dict ObjectRef, version) of the last full-dict sync
+        self._source: tuple[WeightSource, int] | None = None  # (source, version) of the last streamed sync
 
     def ready(self) -> None:
         """Wait for every worker to load its model (constructors run in parallel with the other groups')."""
@@ -164,7 +204,12 @@ class RolloutGroup:
     def _resync(self, actor: ManagedActor) -> None:
         """Wait for Ray's restart of ``actor`` and put the latest synced weights back on it."""
         actor.wait_alive(self.start_timeout_s)
-        if self._weights is not None:
+        if self._source is not None:  # stream the trainer's current weights to this worker alone
+            source, version = self._source
+            _, failed = self._stream([self.actors.index(actor)], source, version)
+            if failed:
+                raise next(iter(failed.values()))
+        elif self._weights is not None:
             ref, version = self._weights
             ray.get(actor.handle.update_weights.remote(ref, version), timeout=self.start_timeout_s)
 
@@ -213,7 +258,7 @@ class RolloutGroup:
 
     def update_weights(self, state_ref: Any, version: int) -> list[int]:
         """Load the trainer's state dict (an ObjectRef) on every worker; returns the versions they now hold."""
-        self._weights = (state_ref, version)
+        self._weights, self._source = (state_ref, version), None
         calls = [a.handle.update_weights.remote(state_ref, version) for a in self.actors]
         held = []
         for k, ref in enumerate(calls):
@@ -224,15 +269,77 @@ class RolloutGroup:
             held.append(self._gather(k, ref, again))
         return held
 
-    def sleep(self) -> None:
-        """Put every worker's engine to sleep (colocated training phase); a dead worker restarts awake, harmlessly."""
+    def stream_weights(self, source: WeightSource, version: int) -> list[dict[str, Any]]:
+        """A streamed sync: every worker begins, loads the buckets one by one as the trainer gathers them (bucket
+        i+1 is gathered while the engines load bucket i), and finishes; returns each worker's sync figures.
+
+        A worker that dies on the way is restarted by Ray and streamed the weights again on its own."""
+        self._source, self._weights = (source, version), None
+        stats, failed = self._stream(range(len(self.actors)), source, version)
+        for k, exc in failed.items():
+            actor = self.actors[k]
+            actor.record_failure(exc, self.max_failures)  # raises at the limit
+            try:
+                self._resync(actor)
+            except (RayActorError, GetTimeoutError) as again:
+                actor.record_failure(again, self.max_failures)
+                raise actor.error("its weight sync failed again after a restart", "Check the worker's log") from again
+            stats[k] = ray.get(actor.handle.finish_weight_update.remote(version), timeout=self.start_timeout_s)
+        return [stats[k] for k in range(len(self.actors))]
+
+    def _stream(
+        self, workers: Iterable[int], source: WeightSource, version: int
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, BaseException]]:
+        """Stream the source's buckets to ``workers``: (figures by worker, failures by worker)."""
+        live = list(workers)
+        failed: dict[int, BaseException] = {}
+        self._settle({k: self.actors[k].handle.begin_weight_update.remote(version) for k in live}, failed)
+        plan = source.plan()
+        pending = source.submit(plan[0]) if plan else None
+        for i in range(len(plan)):
+            ref = source.ref(pending)  # the gather of bucket i is done (a dead trainer rank raises here)
+            if i + 1 < len(plan):
+                pending = source.submit(plan[i + 1])  # the trainer gathers the next bucket meanwhile
+            loads = {k: self.actors[k].handle.load_weight_bucket.remote(ref) for k in live if k not in failed}
+            self._settle(loads, failed)
+            del ref  # the object store frees the bucket once no worker holds it
+        finishes = {k: self.actors[k].handle.finish_weight_update.remote(version) for k in live if k not in failed}
+        return self._settle(finishes, failed), failed
+
+    def _settle(self, calls: dict[int, Any], failed: dict[int, BaseException]) -> dict[int, Any]:
+        """``ray.get`` each worker's call; a dead worker goes to ``failed`` (other errors propagate)."""
+        out = {}
+        for k, ref in calls.items():
+            try:
+                out[k] = ray.get(ref)
+            except RayActorError as exc:
+                failed[k] = exc
+        return out
+
+    def sleep(self, timeout_s: float | None = None) -> None:
+        """Put every worker's engine to sleep before a training phase (colocated GPUs).
+
+        The call waits behind a generation in flight (``rollout.mode=one_step_off``), up to ``timeout_s`` (default
+        the start timeout). Past it, ``RolloutSleepError``: an update now would run while vLLM still holds its
+        memory. A worker that died restarts with its engine awake, so it is put to sleep again after the restart.
+        """
+        timeout_s = self.start_timeout_s if timeout_s is None else timeout_s
         calls = [a.handle.sleep.remote() for a in self.actors]
         for actor, ref in zip(self.actors, calls, strict=True):
             try:
-                ray.get(ref, timeout=self.start_timeout_s)
-            except (RayActorError, GetTimeoutError) as exc:
-                # memory only: the next generate's gather re-syncs and retries a dead worker
-                logger.warning("%s did not go to sleep: %s", actor.label, exc)
+                ray.get(ref, timeout=timeout_s)
+            except GetTimeoutError as exc:
+                raise RolloutSleepError(
+                    f"{actor.label} did not release its GPU memory within {timeout_s:.0f} s (its engine is still "
+                    "generating or stuck), so the update cannot start without overlapping it. Raise "
+                    "resources.rollout_sleep_timeout_s, lower the generation batch (data.gen_batch_size) or "
+                    "rollout.max_staleness, or use resources.placement=split"
+                ) from exc
+            except RayActorError as exc:  # Ray restarts it awake, holding the GPU memory again
+                actor.record_failure(exc, self.max_failures)
+                logger.warning("%s died before going to sleep: %s; putting its restart to sleep", actor.label, exc)
+                self._resync(actor)
+                ray.get(actor.handle.sleep.remote(), timeout=timeout_s)
 
     def versions(self) -> list[int]:
         return ray.get([a.handle.weight_version.remote() for a in self.actors])

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -54,15 +56,19 @@ from dapo_core.engines.fsdp import (
     save_fsdp_checkpoint,
 )
 from dapo_core.engines.fsdp_init import load_master_on_rank0, materialize_from_rank0
+from dapo_core.engines.memory import release_cached_memory
 from dapo_core.engines.models import DTYPES, resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.engines.trainer import PolicyTrainer, short_mini_batch_scales
+from dapo_core.engines.weight_buckets import gather_bucket, ship_dtype, sync_plan
 
 logger = logging.getLogger(__name__)
 
 ROLE = "trainer rank"
 # TrainerRank methods that every rank must join under FSDP2 (besides update / sft_step / compute_log_probs)
-_COLLECTIVE_UNDER_FSDP = frozenset({"state_dict", "save_checkpoint", "load_checkpoint", "export_model"})
+_COLLECTIVE_UNDER_FSDP = frozenset(
+    {"state_dict", "save_checkpoint", "load_checkpoint", "export_model", "gather_weight_bucket"}
+)
 
 
 class TrainerRank:
@@ -89,6 +95,7 @@ class TrainerRank:
             self._trainer = policy_trainer_from(cfg, self.model, self.device)
         self.loss_cfg = loss_config_from(cfg)
         self._tokenizer: Any = None
+        self._spans: list[tuple[str, float, float]] = []
 
     @property
     def trainer(self) -> PolicyTrainer:
@@ -117,15 +124,29 @@ class TrainerRank:
         return ray.util.get_node_ip_address(), port
 
     def init_process_group(self, address: str, port: int, timeout_s: float) -> str:
-        backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if self.device.type == "cuda":  # the GPU Ray gave this actor (index 0 of its CUDA_VISIBLE_DEVICES): FSDP's
-            torch.cuda.set_device(self.device.index or 0)  # mesh and NCCL use the current device
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{address}:{port}",
+        """Join the group; ``timeout_s`` is the collectives' timeout (``resources.collective_timeout_s``: also how
+        long the others wait while rank 0 writes an export or checkpoint), not the actor start timeout. The backend
+        is ``cpu:gloo,cuda:nccl`` on GPU (CPU-offloaded gradients, rank-0 broadcasts of CPU shards and the
+        write barrier go over gloo) and ``gloo`` on CPU: see ``dapo_core.engines.dist_setup``."""
+        from dapo_core.engines.dist_setup import init_process_group_kwargs
+
+        kwargs = init_process_group_kwargs(
+            self.device.type,
+            address=address,
+            port=port,
             rank=self.rank,
             world_size=self.world_size,
-            timeout=timedelta(seconds=timeout_s),
+            collective_timeout_s=timeout_s,
+        )
+        backend: str = kwargs["backend"]
+        if self.device.type == "cuda":  # the GPU Ray gave this actor (index 0 of its CUDA_VISIBLE_DEVICES): FSDP's
+            torch.cuda.set_device(self.device.index or 0)  # mesh and NCCL use the current device
+        dist.init_process_group(**kwargs)
+        logger.info(
+            "trainer rank %d joined the group (%s, collective timeout %s)",
+            self.rank,
+            backend,
+            timedelta(seconds=timeout_s),
         )
         if self.fsdp:
             mesh = init_device_mesh(self.device.type, (self.world_size,))
@@ -146,13 +167,20 @@ class TrainerRank:
     def update(self, shard: PolicyBatch, mini_batch_scales: list[float] | None = None) -> dict[str, float]:
         # the shard holds one relabelled "group" per mini-batch (see sharding.shard_for_update), so the short
         # last mini-batch's lr scale comes from the whole batch (TrainerGroup.update)
-        return self.trainer.update(
+        start = time.time()
+        metrics = self.trainer.update(
             shard,
             self.loss_cfg,
             ppo_epochs=self.cfg.trainer.ppo_epochs,
             mini_batch_groups=1,
             mini_batch_scales=mini_batch_scales,
         )
+        self._spans.append(("update", start, time.time()))
+        return metrics
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        """(call, start, end) wall-clock times of this rank's updates (overlap diagnostics, tests)."""
+        return list(self._spans)
 
     def sft_step(self, shard: PolicyBatch) -> dict[str, float]:
         return self.trainer.sft_step(shard)
@@ -214,6 +242,22 @@ class TrainerRank:
             return str(export_hf_dir(self.model, tokenizer, path, dtype=self.model_dtype))
         return str(save_hf_dir(self.model, self._tok(), path))
 
+    # ------------------------------------------------------------------ colocated memory and streamed weight sync
+    def release_memory(self) -> dict[str, Any]:
+        """After an update, before a colocated engine wakes: give the allocator's cached blocks back."""
+        return asdict(release_cached_memory(f"trainer rank {self.rank}"))
+
+    def weight_sync_plan(self, limit_bytes: int, dtype: str | None) -> list[list[str]]:
+        """The sync's buckets (names), the same on every rank (``weight_buckets.sync_plan``)."""
+        return sync_plan(self.model, limit_bytes=limit_bytes, dtype=ship_dtype(dtype))
+
+    def gather_weight_bucket(self, names: list[str], dtype: str | None) -> list[Any]:
+        """One bucket of full CPU tensors in ``dtype``, put in the object store by rank 0: ``[ref]`` there, ``[]``
+        elsewhere (under FSDP2 a collective). The ref is wrapped in a list so the controller receives the small ref,
+        not the bucket: the rollout workers read the bucket from the object store themselves."""
+        bucket = gather_bucket(self.model, names, dtype=ship_dtype(dtype), rank=self.rank)
+        return [] if bucket is None else [ray.put(bucket)]
+
 
 class TrainerGroup:
     """The controller's view of the trainer ranks: shard, call every rank together, gather."""
@@ -243,10 +287,13 @@ class TrainerGroup:
     def ready(self) -> None:
         """Wait for every rank to load its model, then form the process group (rank 0 publishes the address)."""
         wait_ready(self.actors, self.start_timeout_s)
-        start_timeout_s, world = self.start_timeout_s, self.world_size
+        world = self.world_size
+        # the collectives' own timeout, not the start timeout: the other ranks wait in one while rank 0 alone writes
+        # an HF export or a checkpoint (minutes at 32B), and the NCCL watchdog aborts past it
+        collective_timeout_s = self.cfg.resources.collective_timeout_s
         if world > 1 or self.fsdp:  # FSDP2 needs a process group even for one rank
             address, port = self._get([self.actors[0].handle.rendezvous.remote()], [self.actors[0]])[0]
-            calls = [a.handle.init_process_group.remote(address, port, start_timeout_s) for a in self.actors]
+            calls = [a.handle.init_process_group.remote(address, port, collective_timeout_s) for a in self.actors]
             self.backend = self._get(calls, self.actors)[0]
             logger.info("trainer group of %d ranks up (%s, rendezvous %s:%d)", world, self.backend, address, port)
 
@@ -324,6 +371,26 @@ class TrainerGroup:
             refs = [a.handle.state_dict.remote() for a in self.actors]
             return refs[0]
         return self.actors[0].handle.state_dict.remote()
+
+    def release_memory(self) -> list[dict[str, Any]]:
+        """Every rank gives its cached GPU memory back (after an update, before a colocated engine wakes)."""
+        return self.call_all("release_memory")
+
+    def weight_sync_plan(self, limit_bytes: int, dtype: str | None) -> list[list[str]]:
+        """The names of each bucket of a streamed sync (rank 0's plan; every rank computes the same)."""
+        plan: list[list[str]] = self.call_rank0("weight_sync_plan", limit_bytes, dtype)
+        return plan
+
+    def submit_bucket(self, names: list[str], dtype: str | None) -> list[Any]:
+        """Start gathering one bucket (every rank under FSDP2, else rank 0); ``bucket_ref`` waits for it."""
+        actors = self.actors if self.fsdp else self.actors[:1]
+        return [a.handle.gather_weight_bucket.remote(names, dtype) for a in actors]
+
+    def bucket_ref(self, calls: list[Any]) -> Any:
+        """Wait for a submitted gather on every rank (a dead rank raises ``ActorFailureError`` naming it); returns
+        the object-store ref of rank 0's bucket."""
+        answers = self._get(calls, self.actors[: len(calls)])
+        return answers[0][0]
 
     def save_checkpoint(self, root: str | Path, step: int, meta: dict[str, Any]) -> Path:
         return Path(self.call_rank0("save_checkpoint", str(root), step, meta))

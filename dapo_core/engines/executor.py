@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from dapo_core.config import DapoConfig
 from dapo_core.config.algorithm import objective_bounds
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from dapo_core.engines.memory import release_cached_memory
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
 from dapo_core.engines.rollout import RolloutResult, SamplingConfig, get_rollout_backend_cls
+from dapo_core.engines.rollout.base import WeightSyncStats
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
 from dapo_core.rewards import ScoredBatch, score_batch
@@ -96,6 +99,7 @@ class Executor(abc.ABC):
     """Generate, score, compute log-probs, update, sync, checkpoint — the operations a training flow needs."""
 
     cfg: DapoConfig
+    last_sync: WeightSyncStats | None = None  # the figures of the latest ``sync_weights`` (bytes, seconds)
 
     @property
     @abc.abstractmethod
@@ -204,6 +208,7 @@ class LocalExecutor(Executor):
         )
         self.loss_cfg = loss_config_from(cfg)
         self._version = 0
+        self._trainer_dirty = False  # the trainer ran since its memory was last released
 
     @property
     def tokenizer(self) -> Any:
@@ -214,6 +219,7 @@ class LocalExecutor(Executor):
         return self._version
 
     def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
+        self._release_trainer_memory()  # the engine wakes its KV cache in generate
         return self.rollout.generate(prompts, sampling)
 
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch:
@@ -223,6 +229,15 @@ class LocalExecutor(Executor):
         """Training phase next: release the rollout engine's memory (vLLM sleep; no-op for hf)."""
         if self.cfg.rollout.free_cache_engine:
             self.rollout.sleep()
+        self._trainer_dirty = True
+
+    def _release_trainer_memory(self) -> None:
+        """Before the engine wakes (weight sync, generate): give the trainer's cached GPU memory back, once after
+        each training phase (``engines.memory``). Only for a backend with an engine of its own (vLLM): hf
+        generates with the trainer's own module and allocates nothing apart."""
+        if self._trainer_dirty and not self.rollout.shares_policy_model:
+            release_cached_memory("trainer")
+        self._trainer_dirty = False
 
     def compute_log_probs(self, batch: PolicyBatch, *, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         self._free_rollout_memory()
@@ -242,14 +257,17 @@ class LocalExecutor(Executor):
         return self.trainer.sft_step(batch)
 
     def _sync_rollout(self, version: int) -> None:
-        """Make the rollout hold the trainer's current weights as ``version``."""
+        """Make the rollout hold the trainer's current weights as ``version``; ``last_sync`` gets the figures."""
+        t0 = time.perf_counter()
         if self.rollout.shares_policy_model:
             # shared model object: the rollout already sees the weights; record the version it now holds
             self.rollout.mark_in_sync(version)
+            self.last_sync = WeightSyncStats(version, 0, 0, 0, time.perf_counter() - t0)
         else:
-            # the backend copies bucket by bucket, so no full host copy of the weights is made here
+            self._release_trainer_memory()  # after the update, before the engine wakes its weights
+            # the backend copies bucket by bucket (in its dtype), so no full host copy of the weights is made here
             weights = {k: v.detach() for k, v in self.model.state_dict().items()}
-            self.rollout.update_weights(weights, version)
+            self.last_sync = self.rollout.update_weights(weights, version)
 
     def sync_weights(self) -> int:
         self._sync_rollout(self._version + 1)
