@@ -100,7 +100,18 @@ def config_recipes() -> None:
 
 def _register_commands() -> None:
     """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
-    from flows import cli_ablation, cli_base, cli_bench, cli_data, cli_eval, cli_pipeline, cli_serve, cli_train, cli_ui
+    from flows import (
+        cli_ablation,
+        cli_base,
+        cli_bench,
+        cli_data,
+        cli_eval,
+        cli_pipeline,
+        cli_plan,
+        cli_serve,
+        cli_train,
+        cli_ui,
+    )
 
     cli_data.register(app)
     cli_base.register(app)
@@ -111,6 +122,7 @@ def _register_commands() -> None:
     cli_serve.register(app)
     cli_ui.register(app)
     cli_bench.register(app)
+    cli_plan.register(app)
 
 
 _register_commands()

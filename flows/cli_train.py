@@ -69,9 +69,16 @@ def register(app: typer.Typer) -> None:
                 "--force", help="With --resume: continue even though the config differs from the checkpoint's."
             ),
         ] = False,
+        skip_plan: Annotated[
+            bool, typer.Option("--skip-plan", help="Skip the pre-flight memory plan of a GPU config (`dapo plan`).")
+        ] = False,
     ) -> None:
         """Train with DAPO (or the recipe's GRPO baseline): rollout -> reward -> filter -> update, in MLflow."""
-        resolve_config(config, recipe, overrides)  # a bad config fails here, before any work
+        cfg = resolve_config(config, recipe, overrides)  # a bad config fails here, before any work
+        if not skip_plan:
+            from flows.cli_plan import preflight
+
+            preflight(cfg)  # a GPU config that cannot fit stops here, with the knob to change
         from flows import train as train_module
 
         if sys.stdout.isatty():
