@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from dapo_core.engines.batch import PolicyBatch, build_policy_batch
+from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.fsdp import FsdpSettings, apply_fsdp2
 from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
 
@@ -48,18 +48,9 @@ def small_qwen2(dims: dict[str, int], seed: int = 0) -> Qwen2ForCausalLM:
 
 
 def random_batch(vocab: int, groups: int, g: int, prompt_len: int, resp_len: int) -> PolicyBatch:
-    gen = torch.Generator().manual_seed(0)
-    prompts, responses, gids = [], [], []
-    for k in range(groups):
-        prompt = torch.randint(3, vocab, (prompt_len,), generator=gen).tolist()
-        for _ in range(g):
-            n = int(torch.randint(resp_len // 2, resp_len + 1, (1,), generator=gen))
-            prompts.append(prompt)
-            responses.append(torch.randint(3, vocab, (n,), generator=gen).tolist())
-            gids.append(k)
-    batch = build_policy_batch(prompts, responses, pad_token_id=0, group_ids=gids)
-    batch.advantages = torch.randn(len(prompts), generator=gen)  # (N,)
-    return batch
+    """scripts/gpu_check.py's seeded batch: ``groups`` prompts x ``g`` responses with advantages."""
+    check = _gpu_check()
+    return check.random_batch(vocab, check.Sizes(groups, g, prompt_len, resp_len, micro=MICRO))
 
 
 def fsdp_step_figures(device: torch.device, dims: dict[str, int], sizes: tuple[int, int, int, int, int]) -> dict:
@@ -144,3 +135,50 @@ def test_fsdp2_bf16_update_on_one_gpu_writes_its_figures(one_rank_group):
         "last_metrics": out["metrics"][-1],
     }  # fmt: skip
     RESULTS.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------------- the sections of scripts/gpu_check.py
+# CPU offload through a binding grad clip, DCP round trip, rank-0 materialisation (also offloaded), release before
+# wake: on one GPU (a world of one, "cpu:gloo,cuda:nccl") and on two ranks when two GPUs are there. The same code
+# runs on CPU in tests/test_gpu_check.py (dry run, 2 gloo ranks).
+CHECKED = ["cpu_offload_clip", "dcp_round_trip", "rank0_materialise", "release_before_wake"]
+
+
+def _gpu_check() -> Any:
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # spawned ranks pickle its functions by this name
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_sections(tmp_path: Path, world: int) -> dict[str, Any]:
+    gpu_check = _gpu_check()
+    result = gpu_check.run(False, tmp_path, world, CHECKED, deadline_s=540.0, timeout_s=300.0)
+    failed = {
+        s["name"]: (s.get("error"), s.get("errors"), s.get("traceback")) for s in result["sections"] if not s["ok"]
+    }
+    assert not failed, failed
+    assert result["backend"] == "cpu:gloo,cuda:nccl"
+    return {s["name"]: s["figures"] for s in result["sections"]}
+
+
+def test_offload_dcp_rank0_loading_and_release_on_one_gpu(tmp_path):
+    figures = _run_sections(tmp_path, world=1)
+    assert (
+        figures["cpu_offload_clip"]["grad_devices"] == ["cpu"] and figures["cpu_offload_clip"]["clip_coefficient"] < 1
+    )
+    assert figures["release_before_wake"]["wake_after_release"] == "ok"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (multi-rank FSDP2 over NCCL + gloo)")
+def test_offload_dcp_rank0_loading_and_release_on_two_gpus(tmp_path):
+    figures = _run_sections(tmp_path, world=2)
+    # two ranks: the grad-norm all-reduce of the CPU-offloaded gradients really crosses ranks over gloo
+    assert figures["cpu_offload_clip"]["step_gap_vs_no_offload"] < 1e-2
+    assert figures["rank0_materialise"]["cpu_offload_logit_gap"] < 1e-3
