@@ -48,26 +48,31 @@ def extractor(*names: str, compares: str) -> Callable[[Extractor], Extractor]:
     compares="hf rollout backend vs bare `generate`; static decode loop (one process / several) vs `generate`",
 )
 def _rollout(d: dict[str, Any]) -> Figures:
+    """The headline is the default setting's figure (``default_vs_generate``: what a user gets without changing a
+    knob); ``rollout.hf_procs`` is reported as an option, never as the headline."""
     cases = d["results"]
     worst = min(c["ratio"] for c in cases)
-    default = [c for c in cases if c["max_new_tokens"] == 80 and c["rows_per_call"] == 384]  # the default batch
-    static = ", ".join(f"{c['static_vs_generate']:.2f}x" for c in default)
+    default = [c for c in cases if "default_vs_generate" in c]  # the default rollout batch
+    setting = d["default_setting"]
+    ratios = ", ".join(f"{c['default_vs_generate']:.2f}x" for c in default)
+    best = ", ".join(f"{c['default_best_vs_best']:.2f}x" for c in default)
     text = (
-        f"static loop {static} `generate` on the default rollout batch (random init, warm-started base model; "
-        f"{d['results'][-1]['static_of_bound']:.0%} of the arithmetic bound); hf backend {worst:.2f}x bare "
+        f"the default (`hf_decode: {setting['hf_decode']}`, `hf_procs: {setting['hf_procs']}`) {ratios} `generate` "
+        f"on the default rollout batch (random init, warm-started base model; median of rounds, best-vs-best "
+        f"{best}; {d['results'][-1]['static_of_bound']:.0%} of the arithmetic bound); hf backend {worst:.2f}x bare "
         "`generate` at worst"
     )
     multi = [c for c in default if "procs" in c]
     if multi:
-        ratios = ", ".join(f"{c['procs_vs_generate']:.2f}x" for c in multi)
-        text += f"; in {multi[0]['procs']} processes (`rollout.hf_procs`) {ratios} `generate`"
+        options = ", ".join(f"{c['procs_vs_generate']:.2f}x" for c in multi)
+        text += f"; option `rollout.hf_procs: {multi[0]['procs']}` {options} `generate`"
     if d.get("vllm_cpu"):  # only from .venv-vllm
         bare = {c["case"]: c["bare_tokens_per_s"] for c in cases}
-        ratios = [r["vllm_tokens_per_s"] / bare[r["case"]] for r in d["vllm_cpu"]["results"]]
-        text += f"; vLLM {d['vllm_cpu']['vllm']} CPU {min(ratios):.2f}-{max(ratios):.2f}x bare `generate`"
-    fastest = [max(c["static_vs_generate"], c.get("procs_vs_generate", 0.0)) for c in default]
-    met = worst >= 0.9 and bool(default) and all(r >= 3.0 for r in fastest)
-    return Figures(text, "hf backend >= 0.9x bare `generate`; static loop >= 3x `generate` (default batch)", met)
+        vr = [r["vllm_tokens_per_s"] / bare[r["case"]] for r in d["vllm_cpu"]["results"]]
+        text += f"; vLLM {d['vllm_cpu']['vllm']} CPU {min(vr):.2f}-{max(vr):.2f}x bare `generate`"
+    met = worst >= 0.9 and bool(default) and all(c["default_vs_generate"] >= 3.0 for c in default)
+    goal = "hf backend >= 0.9x bare `generate`; the default setting >= 3x `generate` (default batch)"
+    return Figures(text, goal, met)
 
 
 @extractor("update", compares="`PolicyTrainer.update` vs a bare forward+backward loop")
