@@ -41,14 +41,17 @@ from dapo_core.config.ablation import (
     run_name,
     run_overrides,
 )
-from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
+from dapo_core.evaluation.ablation_journal import AblationJournal, code_digest, file_digest
 from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
 from flows.ablation_runs import (
+    announce_code_changes,
     config_view,
     control_budget,
     evaluate_final,
+    provenance,
     reuse_journaled,
     run_control,
+    run_keys,
     scored_record,
     tags_of,
     warm_start_steps,
@@ -98,9 +101,11 @@ def _evidence(hist: dict[str, list[tuple[int, float]]]) -> dict[str, float | Non
     return {key: (sum(v for _, v in hist[key]) / len(hist[key]) if hist.get(key) else None) for key in EVIDENCE_KEYS}
 
 
-def _train_key(common: dict[str, Any], overrides: list[str], base: dict[str, Any]) -> str:
+def _train_key(common: dict[str, Any], overrides: list[str], base: dict[str, Any]) -> tuple[str, str]:
+    """The training run's journal key (its resolved config, the base model, the data and the code) and its key
+    without the code (``run_keys``)."""
     run_cfg = load_config(config_path=common["config_path"], recipe=common["recipe"], overrides=overrides)
-    return fingerprint({"kind": "train", "run": config_view(run_cfg), **base["digests"]})
+    return run_keys({"kind": "train", "run": config_view(run_cfg), **base["digests"]}, base["code"])
 
 
 def _train_and_score(
@@ -118,12 +123,13 @@ def _train_and_score(
     back (or the journaled record of an identical run, with ``--resume``, scored at k)."""
     tags = tags_of(regime.name, rung.name, seed, "train")
     overrides = run_overrides(common["overrides"], rung, regime, seed, steps, model_path=base["dir"])
-    key = _train_key(common, overrides, base)
+    key, config_key = _train_key(common, overrides, base)
     name = run_name(regime.name, rung.name, seed)
     default_dir = Path(cfg.trainer.output_dir) / name / "final"
     reused = reuse_journaled(
-        common, cfg, journal, key=key, default_model_dir=default_dir, k=k, run_name=name, tags=tags
-    )
+        common, cfg, journal, key=key, default_model_dir=default_dir, k=k, run_name=name, tags=tags,
+        config_key=config_key, code=base["code"],
+    )  # fmt: skip
     if reused is not None:
         return reused
     t0 = time.perf_counter()
@@ -142,9 +148,9 @@ def _train_and_score(
         "curve": [[0, base["curve_acc"]], *_curve(val, cfg.rollout.val_n)],  # step 0: the base model's evaluation
         **_evidence(hist),
         "run_id": trained["run_id"],
-        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
+        **provenance(base["code"]),  # code_digest, git_sha, git_dirty
     }
-    return journal.put(key, scored_record(record, ev, k, trained["final_model"]))
+    return journal.put(key, scored_record(record, ev, k, trained["final_model"]), config_key=config_key)
 
 
 def check_eval_k(k: int) -> int:
@@ -177,6 +183,7 @@ def _prepare_base(common: dict[str, Any], cfg: DapoConfig, base: str | None) -> 
         "skip_steps": warm_start_steps(base),
         # what a journaled result depends on besides its config: the base weights and the data (and the evaluation)
         "digests": {"base": file_digest(base), "data": {f: file_digest(f) for f in files}, "eval": config_view(cfg)},
+        "code": code_digest(),  # ... and the code that trains and evaluates it (in the key apart: run_keys)
     }
 
 
@@ -203,7 +210,8 @@ def ablation_flow(
     ``trainer.total_steps``, seeds 1..3, the Table-1 ladder and ``sft-control`` (``rungs``: any of
     ``dapo_core.config.ablation.KNOWN_RUNGS``, successors included). ``name``: the report files' stem.
     Every finished run is journaled in ``<out_dir>/<name>.journal.jsonl``; ``resume`` reuses the runs whose
-    config, base model and data are unchanged, under the same parent MLflow run. ``eval_k``: samples per held-out
+    config, base model, data and code (``code_digest``) are unchanged, under the same parent MLflow run; a journaled
+    run that other code trained is trained again, and the log says how many. ``eval_k``: samples per held-out
     problem of each final score (default ``DEFAULT_EVAL_K``, Table 1's avg@32); a journaled run scored at another k
     is scored again at this one, not trained again.
     """
@@ -227,6 +235,9 @@ def ablation_flow(
         "journal %s: %d finished run(s) to reuse%s", journal.path, len(journal),
         "" if resume else " (after an interruption, rerun with --resume to keep the finished runs)",
     )  # fmt: skip
+    code = code_digest()
+    if resume:
+        announce_code_changes(journal, code)
     tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
     parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
     parent_id = journal.parent_run_id if resume and tracking_store.run_exists(cfg, journal.parent_run_id) else None
@@ -296,6 +307,8 @@ def ablation_flow(
                 "parent_run_id": parent.info.run_id,
                 "wall_s": time.perf_counter() - t0,
                 "reused_runs": journal.reused,
+                "retrained_for_code": journal.retrained_for_code,
+                "code_digest": code,
             }
         )
         paths = write_report(results, out_dir, name=name)

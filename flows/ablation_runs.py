@@ -4,6 +4,10 @@ A journaled run is scored again, without training it again, when the ablation as
 was scored at (``score``): its final model is evaluated at the new k and that evaluation journaled under the run.
 Before that, the model on disk must be the journaled run's (its digest; for a record from before digests were
 journaled, its journaled score must reproduce at the old k); otherwise the caller trains the run again.
+
+A run's journal key holds the code that trains and evaluates it (``code_digest``): ``run_keys`` gives the key and
+the key without the code, so a journaled run of the same config, base model and data trained by other code is
+found, named in the log and trained again (``reuse_journaled``), never reused.
 """
 
 from __future__ import annotations
@@ -16,12 +20,19 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
 
 from dapo_core.config import DapoConfig
 from dapo_core.config.ablation import SFT_CONTROL, Regime, run_name
 from dapo_core.engines.sft import WarmStartConfig
 from dapo_core.engines.sft_control import continue_warm_start, stream_offset
-from dapo_core.evaluation.ablation_journal import AblationJournal, file_digest, fingerprint
+from dapo_core.evaluation.ablation_journal import (
+    PROJECT_ROOT,
+    AblationJournal,
+    code_digest,
+    file_digest,
+    fingerprint,
+)
 from flows.evaluate import evaluate_flow
 from tasks import tracking
 from tasks.base_model import STAMP_FILE
@@ -50,6 +61,46 @@ def config_view(cfg: DapoConfig) -> dict[str, Any]:
         if view.get(section, {}).get(key, neutral) == neutral:
             view.get(section, {}).pop(key, None)
     return view
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter:
+    """The flow run's logger inside a Prefect run, else this module's (the helpers are called outside one in tests)."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logger
+
+
+def run_keys(parts: dict[str, Any], code: str) -> tuple[str, str]:
+    """A run's journal ``key`` (``parts`` and the ``code`` digest: what ``--resume`` reuses) and its ``config_key``
+    (``parts`` alone: finds a journaled run of the same config, base model and data that other code trained)."""
+    return fingerprint({**parts, "code": code}), fingerprint(parts)
+
+
+def provenance(code: str | None = None) -> dict[str, Any]:
+    """What a record says of the code that made it: ``code_digest`` (default: this checkout's), ``git_sha`` and
+    ``git_dirty`` (true/false; "unknown" outside a git checkout)."""
+    git = tracking.git_tags(PROJECT_ROOT)  # the checkout the code runs from, wherever the flow's working directory
+    dirty = git.get("git.dirty", "unknown")
+    return {
+        "code_digest": code or code_digest(),
+        "git_sha": git.get("git.sha", "unknown"),
+        "git_dirty": {"true": True, "false": False}.get(dirty, "unknown"),
+    }
+
+
+def announce_code_changes(journal: AblationJournal, code: str) -> int:
+    """Log, once, how many journaled runs other code trained (``--resume`` trains those of this plan again);
+    returns that number."""
+    counts = journal.runs_by_other_code(code)
+    n = sum(counts.values())
+    if n:
+        others = ", ".join(d[:12] for d in sorted(counts))
+        _log().info(
+            "%d journaled run(s) were trained by other code (digest %s != %s): training them again",
+            n, others, code[:12],
+        )  # fmt: skip
+    return n
 
 
 def tags_of(regime: str, rung: str, seed: int, kind: str) -> dict[str, str]:
@@ -117,17 +168,28 @@ def reuse_journaled(
     k: int,
     run_name: str,
     tags: dict[str, str],
+    config_key: str | None = None,
+    code: str | None = None,
 ) -> dict[str, Any] | None:
     """The journaled run under ``key`` scored at held-out avg@k (counted in ``journal.reused``), or None when there
-    is none or its final model is not on disk as journaled (the caller runs it)."""
+    is none or its final model is not on disk as journaled (the caller runs it). With ``config_key`` and ``code``
+    (``run_keys``): a journaled run of the same config trained by other code is logged and counted in
+    ``journal.retrained_for_code`` (the caller trains it again)."""
     done = journal.get(key, count=False)
     if done is None:
+        stale = journal.other_code(config_key, code) if config_key and code else None
+        if stale is not None:
+            journal.retrained_for_code += 1
+            _log().info(
+                "%s: the journaled run %s was trained by other code (digest %s != %s): training it again",
+                run_name, stale.get("run_id"), str(stale.get("code_digest") or "none")[:12], str(code)[:12],
+            )  # fmt: skip
         return None
     model_dir = done.get("model_dir") or default_model_dir  # records from before model_dir: the run's default
     scored = score(common, cfg, journal, key=key, record=done, model_dir=model_dir, k=k, run_name=run_name, tags=tags)
     if scored is not None:
         journal.reused += 1
-        get_run_logger().info("%s: reusing the journaled run %s", run_name, done["run_id"])
+        _log().info("%s: reusing the journaled run %s", run_name, done["run_id"])
     return scored
 
 
@@ -137,7 +199,7 @@ def _same_model(
 ) -> bool:  # fmt: skip
     """Is ``model_dir`` the final model of the journaled run? Its digest when journaled; else (older records) its
     journaled score must reproduce exactly (the evaluation is deterministic: fixed seed, same problems)."""
-    plog = get_run_logger()
+    plog = _log()
     if not (Path(model_dir) / "config.json").is_file():
         plog.warning("%s: its final model %s is gone: training it again to score it", run_name, model_dir)
         return False
@@ -215,13 +277,17 @@ def run_control(
     held-out avg@k (or the journaled control, scored at k)."""
     budget_s, kind = budget
     name = run_name(regime.name, SFT_CONTROL, seed)
-    key = fingerprint(
+    key, config_key = run_keys(
         {"kind": "control", "config": config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
-         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]}
+         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]},
+        base["code"],
     )  # fmt: skip
     tags = tags_of(regime.name, SFT_CONTROL, seed, "control")
     output_dir = Path(cfg.trainer.output_dir) / name
-    reused = reuse_journaled(common, cfg, journal, key=key, default_model_dir=output_dir, k=k, run_name=name, tags=tags)
+    reused = reuse_journaled(
+        common, cfg, journal, key=key, default_model_dir=output_dir, k=k, run_name=name, tags=tags,
+        config_key=config_key, code=base["code"],
+    )  # fmt: skip
     if reused is not None:
         return reused
     with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
@@ -245,6 +311,6 @@ def run_control(
         "sft_steps": res["steps"],
         "curve": [],
         "run_id": control_run_id,
-        "git_sha": tracking.git_tags().get("git.sha", "unknown"),
+        **provenance(base["code"]),
     }
-    return journal.put(key, scored_record(record, ev, k, res["output_dir"]))
+    return journal.put(key, scored_record(record, ev, k, res["output_dir"]), config_key=config_key)

@@ -267,7 +267,9 @@ def set_tags(tags: Mapping[str, Any], *, run_id: str | None = None) -> None:
 
 
 def git_tags(repo: str | Path = ".") -> dict[str, str]:
-    """``git.sha`` and ``git.dirty`` of the working tree (``unknown`` outside a git checkout)."""
+    """``git.sha`` and ``git.dirty`` of the working tree (``unknown`` outside a git checkout). Dirty: any change
+    ``git status --porcelain`` lists, untracked files that are not ignored included (a new module changes the code
+    that runs as much as an edited one)."""
 
     def git(*args: str) -> str:
         return subprocess.run(
@@ -276,7 +278,7 @@ def git_tags(repo: str | Path = ".") -> dict[str, str]:
 
     try:
         sha = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(git("status", "--porcelain", "--untracked-files=normal"))
     except (OSError, subprocess.SubprocessError):
         return {"git.sha": "unknown", "git.dirty": "unknown"}
     return {"git.sha": sha, "git.dirty": str(dirty).lower()}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,7 @@ from dapo_core.config.ablation import (
     run_overrides,
 )
 from dapo_core.engines.executor import loss_config_from
+from dapo_core.evaluation.ablation_journal import code_digest
 from dapo_core.evaluation.ablation_report import (
     check_results,
     paired_difference,
@@ -37,6 +39,9 @@ from dapo_core.evaluation.ablation_report import (
     write_report,
 )
 from flows.ablation import DEFAULT_RECIPE  # the ladder's recipe when `dapo ablation` gets no --recipe
+from tasks.tracking import flatten_config, git_tags
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DAPO_RECIPES = ("tiny-dapo", "tiny-dapo-table1", "dapo-qwen2.5-32b")
 
@@ -285,6 +290,62 @@ def test_a_successors_report_names_its_files_and_compares_each_with_its_base(tmp
         write_report(results, tmp_path, name="a/b")
 
 
+def _with_code(results: dict, shas: list[str], dirty: list) -> dict:
+    """``results`` with one git_sha / git_dirty / code_digest per seed in every rung (as summarize_rung lists them)."""
+    for regime in results["regimes"].values():
+        for r in regime["rungs"]:
+            r["git_sha"] = shas[: len(r["seeds"])]
+            r["git_dirty"] = dirty[: len(r["seeds"])]
+            r["code_digest"] = [f"{sha[0]}" * 64 for sha in shas[: len(r["seeds"])]]
+    return results
+
+
+def test_every_results_file_names_its_commits_and_whether_the_tree_was_dirty(tmp_path):
+    """Top-level commits (sorted unique shas of the records) and dirty (any dirty record: true; any record that
+    does not say: unknown; else false) in the JSON, stated in one line of the markdown."""
+    sha_a, sha_b = "a" * 40, "b" * 40
+    mixed = write_report(_with_code(synthetic_results(), [sha_b, sha_a, sha_b], [False, True, False]), tmp_path / "m")
+    data = json.loads(mixed.json.read_text())
+    assert data["commits"] == [sha_a, sha_b] and data["dirty"] is True
+    assert data["code_digests"] == ["a" * 64, "b" * 64]
+    line = next(x for x in mixed.md.read_text().splitlines() if x.startswith("Code: "))
+    assert (
+        line
+        == f"Code: 2 commits ({'a' * 12}, {'b' * 12}: a mix) (dirty tree: uncommitted changes); code digest "
+        + (f"{'a' * 12}, {'b' * 12}.")
+    )
+    clean = write_report(_with_code(synthetic_results(), [sha_a] * 3, [False] * 3), tmp_path / "c")
+    data = json.loads(clean.json.read_text())
+    assert data["commits"] == [sha_a] and data["dirty"] is False
+    assert f"Code: commit {'a' * 12} (clean tree); code digest {'a' * 12}." in clean.md.read_text()
+    # records from before the dirty flag (the committed journals): the flag is unknown, never assumed clean
+    old = synthetic_results()
+    for regime in old["regimes"].values():
+        for r in regime["rungs"]:
+            r["git_sha"] = [sha_a] * len(r["seeds"])
+    legacy = write_report(old, tmp_path / "l")
+    data = json.loads(legacy.json.read_text())
+    assert data["commits"] == [sha_a] and data["dirty"] == "unknown" and data["code_digests"] == ["unknown"]
+    assert f"Code: commit {'a' * 12} (tree dirty: unknown); code digest unknown." in legacy.md.read_text()
+    partly = _with_code(synthetic_results(), [sha_a] * 3, [False, "unknown", False])
+    assert json.loads(write_report(partly, tmp_path / "p").json.read_text())["dirty"] == "unknown"
+
+
+def test_gspo_clip_share_is_named_a_share_of_tokens_and_a_cispo_clip_that_never_bound_is_said(tmp_path):
+    rungs = [summarize_rung(n, _records(n, 0.02 * i)) for i, n in enumerate(["grpo", "dapo", *SUCCESSOR_RUNGS])]
+    by_name = {r["name"]: r for r in rungs}
+    by_name["cispo"]["actor/pg_clipfrac_high"] = by_name["cispo"]["actor/pg_clipfrac_low"] = 0.0
+    md = render_markdown({"regimes": {"tuned": {"lr": 1e-4, "rungs": rungs}}, "k": 8})
+    gspo = next(x for x in md.splitlines() if ": gspo clipped " in x)
+    assert "of its tokens (the tokens of sequences whose sequence ratio was clipped)" in gspo
+    assert "sequence ratios," not in gspo
+    row = next(x for x in md.splitlines() if x.startswith("| cispo |"))
+    assert row.count("0 (never bound)") == 2
+    assert "cispo's weight clip (r ≤ 1 + eps_high) never bound" in md and "ppo_epochs > 1" in md
+    gmpo = next(x for x in md.splitlines() if x.startswith("| gmpo |"))
+    assert "never bound" not in gmpo  # a clip that acted, however rarely, is a percentage
+
+
 def test_paired_difference_and_one_seed():
     results = synthetic_results(seeds=1)
     rungs = {r["name"]: r for r in results["regimes"]["tuned"]["rungs"]}
@@ -360,10 +421,22 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
     data = json.loads((out / "ablation.json").read_text())
     assert set(data["regimes"]) == {"tuned", "aggressive"} and data["steps"] == 2
     assert data["regimes"]["aggressive"]["lr"] == pytest.approx(AGGRESSIVE_LR_FACTOR * data["regimes"]["tuned"]["lr"])
+    code = code_digest()
+    git = git_tags(ROOT)
+    assert data["code_digest"] == code and data["code_digests"] == [code] and data["retrained_for_code"] == 0
+    assert data["commits"] == [git["git.sha"]] and data["dirty"] == {"true": True, "false": False}[git["git.dirty"]]
     for regime in data["regimes"].values():
         assert [r["name"] for r in regime["rungs"]] == list(ALL_RUNGS)
         for r in regime["rungs"]:
-            assert r["seed_ids"] == [1] and 0.0 <= r["mean"] <= 1.0
+            assert r["seed_ids"] == [1] and r["mean"] == r["seeds"][0]
+            assert r["code_digest"] == [code] and r["git_sha"] == [git["git.sha"]]
+        rungs = {r["name"]: r for r in regime["rungs"]}
+        # dynamic sampling: off below the dapo rung (every group kept), on at dapo (logged; <= 1 by construction)
+        for name in RUNG_NAMES[:-1]:
+            assert rungs[name]["train/kept_groups_frac"] in (None, 1.0), name
+        assert 0.0 < rungs["dapo"]["train/kept_groups_frac"] <= 1.0
+        for name in RUNG_NAMES:  # the clip fractions were logged, as fractions
+            assert all(0.0 <= rungs[name][key] <= 1.0 for key in ("actor/pg_clipfrac_high", "actor/pg_clipfrac_low"))
         for r in regime["rungs"][:-1]:  # the base model's evaluation, then every step (test_freq 1 of 2 steps)
             assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
             assert r["curve"][0][1] == pytest.approx(data["base_acc"])
@@ -391,6 +464,21 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
     runs = {r.info.run_name: r for r in children}
     assert runs["ablation-tuned-grpo-s1"].data.params["algorithm.loss_agg"] == "seq-mean-token-mean"
     assert runs["ablation-aggressive-dapo-s1"].data.params["data.gen_batch_size"] == "6"
+    # each rung trained as configured: its ladder keys in the run's params, as the rung's own config resolves them
+    cfg = load_config(recipe="tiny-dapo", overrides=TINY, env={})
+    for rung in build_ladder(cfg):
+        want = flatten_config(load_config(recipe="tiny-dapo", overrides=[*TINY, *rung.overrides()], env={}))
+        for regime in ("tuned", "aggressive"):
+            params = runs[f"ablation-{regime}-{rung.name}-s1"].data.params
+            assert {k: params[k] for k in LADDER_KEYS} == {k: want[k] for k in LADDER_KEYS}, (regime, rung.name)
+    clip = {n: runs[f"ablation-tuned-{n}-s1"].data.params["algorithm.clip_high"] for n in RUNG_NAMES}
+    assert clip["grpo"] == clip["overlong-filtering"] == "0.2" and clip["clip-higher"] == clip["dapo"] == "0.28"
+    # each rung's score is its own final model's evaluation: the eval run's logged avg@k
+    for regime in data["regimes"].values():
+        for r in regime["rungs"]:
+            ev = client.get_run(r["eval_run_id"][0])
+            at_k = [key for key in ev.data.metrics if key.endswith(f"acc/mean_at_{data['k']}")]
+            assert at_k and ev.data.metrics[at_k[0]] == pytest.approx(r["seeds"][0]), r["name"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "ablation")} == {
         "ablation/ablation.json",
         "ablation/ablation.md",

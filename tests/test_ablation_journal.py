@@ -85,3 +85,144 @@ def test_the_decode_loop_is_part_of_a_runs_identity():
     generate, static = view("rollout.hf_decode=generate"), view("rollout.hf_decode=static")
     assert "hf_decode" not in generate["rollout"]  # what the older schema dumped: old fingerprints still match
     assert static["rollout"]["hf_decode"] == "static" and fingerprint(static) != fingerprint(generate)
+
+
+# ------------------------------------------------------------------------------------------------ runs know their code
+def _fake_project(root):
+    """A small stand-in checkout: the three code packages, docs, tests and a recipe."""
+    for rel, text in {
+        "dapo_core/__init__.py": "",
+        "dapo_core/algorithm/loss.py": "def loss(x):\n    return x\n",
+        "dapo_core/README.md": "# notes\n",
+        "tasks/__init__.py": "",
+        "flows/train.py": "STEPS = 1\n",
+        "docs/guide.md": "# guide\n",
+        "tests/test_x.py": "def test_x():\n    pass\n",
+        "recipes/tiny.yaml": "lr: 1\n",
+    }.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_code_digest_follows_the_package_sources_not_the_docs(tmp_path):
+    """code_digest hashes the .py files of dapo_core, tasks and flows (paths and bytes): an edit to the algorithm
+    changes it; docs, markdown, tests, recipes (in the key as the resolved config) and __pycache__ do not."""
+    from dapo_core.evaluation.ablation_journal import code_digest, code_files
+
+    root = _fake_project(tmp_path / "proj")
+    assert [f.relative_to(root).as_posix() for f in code_files(root)] == [
+        "dapo_core/__init__.py", "dapo_core/algorithm/loss.py", "flows/train.py", "tasks/__init__.py",
+    ]  # fmt: skip
+    before = code_digest(root)
+    assert len(before) == 64 and code_digest(root) == before  # cached per process and root
+    for rel in ("docs/guide.md", "dapo_core/README.md", "tests/test_x.py", "recipes/tiny.yaml"):
+        (root / rel).write_text("changed\n")
+    (root / "dapo_core/__pycache__").mkdir()
+    (root / "dapo_core/__pycache__/loss.cpython-311.py").write_text("stale")
+    code_digest.cache_clear()
+    assert code_digest(root) == before
+    (root / "dapo_core/algorithm/loss.py").write_text("def loss(x):\n    return -x\n")  # the algorithm changed
+    code_digest.cache_clear()
+    changed = code_digest(root)
+    assert changed != before
+    (root / "dapo_core/algorithm/loss.py").rename(root / "dapo_core/algorithm/loss2.py")  # same bytes, moved
+    code_digest.cache_clear()
+    assert code_digest(root) not in (before, changed)
+    (root / "flows/extra.py").write_text("")  # a new module counts too
+    code_digest.cache_clear()
+    moved = code_digest(root)
+    (root / "flows/extra.py").unlink()
+    code_digest.cache_clear()
+    assert code_digest(root) != moved
+    code_digest.cache_clear()
+    assert len(code_digest()) == 64  # this checkout
+
+
+def _reuse(journal, key: str, config_key: str, code: str):
+    from dapo_core.config import load_config
+    from flows.ablation_runs import reuse_journaled
+
+    cfg = load_config(recipe="tiny-dapo", env={})
+    return reuse_journaled(
+        {}, cfg, journal, key=key, default_model_dir="unused", k=8, run_name="ablation-tuned-dapo-s1", tags={},
+        config_key=config_key, code=code,
+    )  # fmt: skip
+
+
+def test_a_resume_after_a_code_change_trains_again_and_says_so(tmp_path, caplog):
+    """A journaled run of the same config, base model and data is reused only when the same code trained it; a run
+    from other code, or a line from before code digests (the committed journals), is trained again and counted."""
+    import logging
+
+    from flows.ablation_runs import announce_code_changes, run_keys
+
+    parts = {"kind": "train", "run": {"lr": 1e-4}, "base": "b", "data": {}, "eval": {}}
+    old_code, new_code = "a" * 64, "b" * 64
+    path = tmp_path / "ablation.journal.jsonl"
+    journal = AblationJournal.open(path, resume=True)
+    # a line from before code digests: keyed by the parts alone, no code_digest in the record
+    journal.put(fingerprint(parts), {"run_id": "legacy", "acc": 0.3, "eval_k": 8, "git_sha": "f9cf14a"})
+    other = {**parts, "run": {"lr": 2e-4}}
+    key_o, cfg_o = run_keys(other, old_code)
+    journal.put(key_o, {"run_id": "old", "acc": 0.4, "eval_k": 8, "code_digest": old_code}, config_key=cfg_o)
+
+    journal = AblationJournal.open(path, resume=True)
+    with caplog.at_level(logging.INFO, logger="flows.ablation_runs"):
+        assert announce_code_changes(journal, new_code) == 2
+        key, config_key = run_keys(parts, new_code)
+        assert key != config_key == fingerprint(parts)  # the old line's key is the new config_key
+        assert _reuse(journal, key, config_key, new_code) is None  # the legacy run: trained again
+        key_n, cfg_n = run_keys(other, new_code)
+        assert _reuse(journal, key_n, cfg_n, new_code) is None  # trained by old_code: trained again
+    assert journal.retrained_for_code == 2 and journal.reused == 0
+    text = caplog.text
+    assert f"2 journaled run(s) were trained by other code (digest {'a' * 12}, none != {'b' * 12})" in text
+    assert "the journaled run legacy was trained by other code (digest none != bbbbbbbbbbbb)" in text
+    assert "the journaled run old was trained by other code (digest aaaaaaaaaaaa != bbbbbbbbbbbb)" in text
+
+    # the same code: reused, nothing counted as retrained
+    journal.put(key_n, {"run_id": "new", "acc": 0.5, "eval_k": 8, "code_digest": new_code}, config_key=cfg_n)
+    reopened = AblationJournal.open(path, resume=True)
+    assert reopened.other_code(cfg_n, new_code) is None and announce_code_changes(reopened, new_code) == 1
+    assert _reuse(reopened, key_n, cfg_n, new_code)["run_id"] == "new"
+    assert reopened.reused == 1 and reopened.retrained_for_code == 0
+    assert _reuse(reopened, key_o, cfg_o, old_code)["run_id"] == "old"  # the old code would still reuse its own run
+
+
+def test_the_committed_journals_stay_readable_and_are_all_trained_again():
+    """The committed journals predate code digests: every run record is read, none carries a code_digest, so a
+    --resume under the new key reuses none of them (it trains them again)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks/results"
+    for path in sorted(results.glob("*.journal.jsonl")):
+        journal = AblationJournal.open(path, resume=True)
+        runs = journal.runs_by_other_code("0" * 64)
+        assert sum(runs.values()) >= 1, path.name
+        assert set(runs) == {"none"}, path.name  # no line carries a code digest: all trained again
+
+
+def test_git_tags_say_dirty_for_an_untracked_file_and_unknown_outside_git(tmp_path):
+    import subprocess
+
+    from tasks.tracking import git_tags
+
+    assert git_tags(tmp_path) == {"git.sha": "unknown", "git.dirty": "unknown"}
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("ignored.txt\n")
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run(["git", *env, "-C", str(repo), "add", "."], check=True)
+    subprocess.run(["git", *env, "-C", str(repo), "commit", "-q", "-m", "init"], check=True)
+    clean = git_tags(repo)
+    assert len(clean["git.sha"]) == 40 and clean["git.dirty"] == "false"
+    (repo / "ignored.txt").write_text("scratch")
+    assert git_tags(repo)["git.dirty"] == "false"  # ignored files do not count
+    (repo / "new_module.py").write_text("y = 2\n")
+    assert git_tags(repo)["git.dirty"] == "true"  # an untracked, not ignored file does
+    (repo / "new_module.py").unlink()
+    (repo / "a.py").write_text("x = 2\n")
+    assert git_tags(repo)["git.dirty"] == "true"

@@ -9,6 +9,10 @@ Pure: plain data in, files out (no MLflow). ``dapo ablation`` (flows/ablation.py
 A rung's entry: ``name``, ``paper_aime``, ``mean`` / ``std`` (over seeds; std null for one seed), ``seeds`` (the
 held-out avg@k of each seed), ``seed_ids``, ``wall_s`` (mean per seed; ``wall_s_seeds`` each), ``curve`` ([[step, mean val acc]]) and
 the evidence means (``dapo_core.config.ablation.EVIDENCE_KEYS``; null when a run did not log one).
+
+Every results file names the code of its runs (``code_provenance``): top-level ``commits`` (the sorted unique
+``git_sha`` of its records), ``dirty`` (true when any record came from a dirty tree, "unknown" when any record does
+not say, else false) and ``code_digests``; the markdown states them in one line.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from dapo_core.config.ablation import EVIDENCE_KEYS, PAPER_AIME, RUNG_NAMES, SFT
 NOISE_SIGMAS = 2.0  # a difference counts when mean - 2 std of the per-seed differences is above 0
 TIE = 1e-9  # accuracies closer than this are equal (avg@k of the same problems is a ratio of small integers)
 TRUNCATION_MIN = 0.01  # response_length/clip_ratio above this counts as truncation worth naming
+CLIP_KEYS = ("actor/pg_clipfrac_high", "actor/pg_clipfrac_low")
+UNKNOWN = "unknown"
 EVIDENCE_LABELS = {
     "actor/pg_clipfrac_high": "clip hi",
     "actor/pg_clipfrac_low": "clip lo",
@@ -123,6 +129,8 @@ def _pct(value: float | None) -> str:
 
 
 def _evidence_cell(key: str, value: float | None) -> str:
+    if key in CLIP_KEYS and value == 0.0:  # exactly 0 in every logged update of every run: the bound never bound
+        return "0 (never bound)"
     if key in ("actor/entropy",):
         return _fmt(value)
     if key == "response_length/mean":
@@ -239,12 +247,53 @@ def _successor_findings(name: str, rungs: Mapping[str, Mapping[str, Any]]) -> li
         ref_hi, ref_lo = rungs[ref].get("actor/pg_clipfrac_high"), rungs[ref].get("actor/pg_clipfrac_low")
         if hi is None or lo is None:
             continue
-        unit = "sequence ratios" if succ == "gspo" else "token ratios"
+        # GSPO clips a sequence's ratio, but its clip fraction is a token mean: the share of response tokens that
+        # belong to clipped sequences (longer sequences weigh more), not a share of sequences
+        unit = "tokens (the tokens of sequences whose sequence ratio was clipped)" if succ == "gspo" else "token ratios"
         line = f"{name}: {succ} clipped {_pct(hi)} (upper) / {_pct(lo)} (lower) of its {unit}"
         if ref_hi is not None and ref_lo is not None:
             line += f", {ref} {_pct(ref_hi)} / {_pct(ref_lo)} of its token ratios"
         out.append(line + ".")
+        if succ == "cispo" and hi == 0.0:
+            out.append(
+                f"{name}: cispo's weight clip (r ≤ 1 + eps_high) never bound: no token ratio reached it in any "
+                "update. It binds only where later updates are off-policy enough (ppo_epochs > 1, several "
+                "mini-batches per rollout step, a larger lr, or a smaller eps_high; checked in "
+                "tests/test_objectives.py::test_cispo_clip_binds_in_later_off_policy_updates)."
+            )
     return out
+
+
+def code_provenance(results: Mapping[str, Any]) -> dict[str, Any]:
+    """``commits`` (sorted unique ``git_sha`` of the records; "unknown" for a record without one), ``dirty`` (true
+    when any record came from a dirty tree, "unknown" when none did but one does not say, else false) and
+    ``code_digests`` (sorted unique ``code_digest``; "unknown" for a record without one) of every rung's records."""
+    shas: set[str] = set()
+    digests: set[str] = set()
+    dirty_flags: list[Any] = []
+    for regime in results.get("regimes", {}).values():
+        for r in regime.get("rungs", []):
+            n = len(r.get("seeds") or [])
+            shas.update(str(v or UNKNOWN) for v in (r.get("git_sha") or [None] * n))
+            digests.update(str(v or UNKNOWN) for v in (r.get("code_digest") or [None] * n))
+            dirty_flags += list(r.get("git_dirty") or [None] * n)
+    if any(v is True for v in dirty_flags):
+        dirty: bool | str = True
+    elif all(v is False for v in dirty_flags):
+        dirty = False
+    else:
+        dirty = UNKNOWN
+    return {"commits": sorted(shas), "dirty": dirty, "code_digests": sorted(digests)}
+
+
+def provenance_line(prov: Mapping[str, Any]) -> str:
+    """``Code: commit abc123def456 (clean tree); code digest 0123456789ab.`` (several commits named as a mix)."""
+    commits = [c[:12] for c in prov.get("commits", [])] or [UNKNOWN]
+    what = f"commit {commits[0]}" if len(commits) == 1 else f"{len(commits)} commits ({', '.join(commits)}: a mix)"
+    dirty = prov.get("dirty", UNKNOWN)
+    tree = {True: "dirty tree: uncommitted changes", False: "clean tree"}.get(dirty, "tree dirty: unknown")
+    digests = [d[:12] for d in prov.get("code_digests", [])] or [UNKNOWN]
+    return f"Code: {what} ({tree}); code digest {', '.join(digests)}."
 
 
 def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png") -> str:
@@ -271,6 +320,7 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
         meta.append(f"base model {results['base_acc']:.3f}")
     if meta:
         lines += ["", "; ".join(meta) + "."]
+    lines += ["", provenance_line({**code_provenance(results), **_given_provenance(results)})]
     legend = ", ".join(f"{v} = {k}" for k, v in EVIDENCE_LABELS.items())
     for name, regime in results["regimes"].items():
         rungs = _rungs(regime)
@@ -304,6 +354,10 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     ]
     lines += [f"- {line}" for line in findings(results)]
     return "\n".join(lines) + "\n"
+
+
+def _given_provenance(results: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: results[k] for k in ("commits", "dirty", "code_digests") if k in results}
 
 
 # ------------------------------------------------------------------------------------------------ plot
@@ -373,8 +427,10 @@ def report_stem(name: str) -> str:
 
 
 def write_report(results: Mapping[str, Any], out_dir: str | Path, *, name: str = "ablation") -> ReportPaths:
-    """``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out_dir`` (created); name default ``ablation``."""
+    """``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``out_dir`` (created); name default ``ablation``. The
+    JSON gets the top-level ``commits``, ``dirty`` and ``code_digests`` of its records (``code_provenance``)."""
     check_results(results)
+    results = {**results, **code_provenance(results)}
     stem = report_stem(name)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
