@@ -56,11 +56,16 @@ def test_pass_at_k_equals_subset_enumeration(accs, data):
 
 
 @given(st.integers(1, 3000), st.data())
-def test_pass_at_k_large_n_is_finite_and_monotone(n, data):
+def test_pass_at_k_large_n_is_the_closed_form_and_monotone(n, data):
+    """Against the closed form 1 - C(n-c, k) / C(n, k), in exact integers (no float overflow at n = 3000), and the
+    unbiased estimator's product form 1 - prod_{i=n-c+1..n} (1 - k/i) (Chen et al. 2021)."""
     c = data.draw(st.integers(0, n))
     k = data.draw(st.integers(1, n))
     value = pass_at_k(n, c, k)
-    assert 0.0 <= value <= 1.0 and math.isfinite(value)
+    exact = 1 - Fraction(math.comb(n - c, k), math.comb(n, k))
+    assert math.isfinite(value) and value == pytest.approx(float(exact), rel=1e-12, abs=1e-12)
+    product = 1.0 if n - c < k else 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    assert value == pytest.approx(product, rel=1e-9, abs=1e-9)
     assert pass_at_k(n, c, 1) == pytest.approx(c / n)  # pass@1 is the plain accuracy
     if k < n:
         assert pass_at_k(n, c, k + 1) >= value

@@ -239,3 +239,50 @@ def test_a_bad_objective_setting_is_a_clear_config_error() -> None:
         load_config(recipe="tiny-dapo", overrides=["algorithm.policy_loss=gpso"], env={})
     with pytest.raises(ConfigError, match=r"algorithm\.gspo\.clip_low"):
         load_config(recipe="tiny-gspo", overrides=["algorithm.gspo.clip_low=-1"], env={})
+
+
+# ---------------- where CISPO's clip binds: later, off-policy updates of one rollout step ----------------
+
+
+def _cispo_updates(clip_high: float) -> tuple[list[float], torch.Tensor]:
+    """Two epochs of four one-group mini-batches (8 optimizer steps on one rollout batch) of the tiny model under
+    CISPO: each update's pg_clipfrac_high, and the final weights."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tiny import random_batch, tiny_model
+
+    from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+
+    trainer = PolicyTrainer(tiny_model(seed=0), OptimConfig(lr=0.02), micro_batch_size=16)
+    batch = random_batch(0, groups=4, g=4)
+    batch.old_log_probs, _ = trainer.compute_log_probs(batch)  # pi_old: the weights that sampled the batch
+    fractions: list[float] = []
+    real = trainer._update_mini_batch
+
+    def recording(mini, loss_cfg, *, lr_scale):
+        metrics = real(mini, loss_cfg, lr_scale=lr_scale)
+        fractions.append(metrics["pg_clipfrac_high"])
+        return metrics
+
+    trainer._update_mini_batch = recording
+    trainer.update(
+        batch, LossConfig(mode="cispo", clip_low=None, clip_high=clip_high, loss_agg="token-mean"),
+        ppo_epochs=2, mini_batch_groups=1,
+    )  # fmt: skip
+    return fractions, torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+
+def test_cispo_clip_binds_in_later_off_policy_updates():
+    """The regime where CISPO's weight clip acts (in benchmarks/results/successors.md it never bound: one on-policy
+    pass at lr 1e-4 keeps every ratio far below 1 + 5.0): several updates per rollout step, so later mini-batches
+    are off-policy. The first update is on-policy (ratio 1: nothing clipped); later ones clip some tokens' weight,
+    and the clip changes the update (without the bound: no clipping and other weights). eps_high 0.28 and lr 0.02
+    make it bind within 8 updates of the tiny model (measured: 6 of the 7 later updates clip 6-42% of tokens)."""
+    fractions, weights = _cispo_updates(0.28)
+    assert len(fractions) == 8 and fractions[0] == 0.0
+    assert sum(f > 0 for f in fractions[1:]) >= 4 and max(fractions[1:]) > 0.1
+    unbounded, unbounded_weights = _cispo_updates(math.inf)
+    assert unbounded == [0.0] * 8  # nothing to clip without a bound
+    assert not torch.allclose(weights, unbounded_weights)  # the clipped weights changed the update

@@ -169,15 +169,21 @@ def test_float64_matches_generate(tok, prompts) -> None:
 
 def test_bfloat16_follows_generate(tok, prompts) -> None:
     """bfloat16 takes the real-arithmetic pair rotation. generate's SDPA and this loop's GEMMs round differently in
-    bfloat16 (the old loop too: 25-28 of 28 responses equal, log-probs within 0.04), so: most responses equal and
-    their log-probs close. A coarse check: a sign-flipped rotation still passes it (measured); the rotation itself is
-    checked against transformers' in test_pair_order_rope_is_transformers_rope."""
+    bfloat16, so: most responses equal and their log-probs close. What it guards: the bfloat16 path of the decode
+    loop (its rotation, attention and log-probs) against generate's.
+
+    Measured (model seeds 6, 0-3 x sampling seeds 7, 11; this CPU): 24-28 of 28 responses equal, log-probs of the
+    equal ones within 0.031-0.045 (max) and 0.0052-0.0077 (mean |diff|); here (seed 6, 7) 28/28, 0.040, 0.0064.
+    A sign-flipped rotation (the bfloat16 branch of ``_rotate_pairs``): 0.036-0.062 max, 0.0085-0.0098 mean; here
+    0.062 and 0.0090, so both bounds below (0.05, 0.008, ~25% above the measured values) fail it at this seed. The
+    rotation itself is checked exactly against transformers' in test_pair_order_rope_is_transformers_rope."""
     model = eos_prone_model(tok, seed=6).to(torch.bfloat16)
     ref, got = run(model, tok, prompts, "generate"), run(model, tok, prompts, "static")
     same = [(a, b) for a, b in zip(ref, got, strict=True) if a.response_ids == b.response_ids]
-    assert len(same) >= 0.85 * len(ref)
-    for a, b in same:
-        assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=0.08, rtol=0)
+    assert len(same) >= 0.85 * len(ref)  # 24 of 28: the fewest measured
+    diffs = torch.cat([(torch.tensor(a.log_probs) - torch.tensor(b.log_probs)).abs() for a, b in same])
+    assert float(diffs.max()) <= 0.05, float(diffs.max())
+    assert float(diffs.mean()) <= 0.008, float(diffs.mean())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])

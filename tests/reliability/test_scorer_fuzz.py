@@ -8,6 +8,7 @@ benchmarks/results/reliability.md.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -43,11 +44,34 @@ def _check(fn, completion: str, ground_truth: str) -> float:
     return took
 
 
+# a right answer in the scorer's own format, after hostile text: the answer is an integer or a LaTeX fraction
+answers = st.integers(-(10**30), 10**30).map(str) | st.tuples(st.integers(1, 999), st.integers(1, 999)).map(
+    lambda ab: f"\\frac{{{ab[0]}}}{{{ab[1]}}}"
+)
+_MARKERS = re.compile(r"(?i)answer|\\boxed")  # the prefix must not carry an answer of its own
+
+
+def right_answer(name: str, prefix: str, answer: str) -> str:
+    """``prefix`` (hostile text, its answer markers cut out) then ``answer`` the way ``name`` reads it: the last
+    ``Answer:`` line (math_dapo) or the last ``\\boxed{}`` (boxed)."""
+    while _MARKERS.search(prefix):  # cutting one out may join the text around it into another
+        prefix = _MARKERS.sub("", prefix)
+    return f"{prefix}\nAnswer: {answer}" if name == "math_dapo" else f"{prefix} so \\boxed{{{answer}}}"
+
+
 @pytest.mark.parametrize("name", SCORERS)
 @settings(max_examples=EXAMPLES, deadline=None, database=None)
-@given(completion=hostile_text, ground_truth=hostile_text)
-def test_generated_hostile_strings(name, completion, ground_truth):
-    _check(get_reward_fn(name), completion, ground_truth)
+@given(completion=hostile_text, ground_truth=hostile_text, answer=answers, right=st.booleans())
+def test_generated_hostile_strings(name, completion, ground_truth, answer, right):
+    """Half the generated items hide a right answer behind hostile text: those must score +1 (a scorer answering
+    -1 to everything fails here), and the same completion against another truth -1 (one answering +1 fails)."""
+    fn = get_reward_fn(name)
+    if not right:
+        _check(fn, completion, ground_truth)
+        return
+    text = right_answer(name, completion, answer)
+    assert _check(fn, text, answer) >= 0 and fn(text, answer)["score"] == 1.0, (text[-80:], answer)
+    assert fn(text, answer + "1")["score"] == -1.0, (text[-80:], answer)
 
 
 def crafted_cases() -> dict[str, tuple[str, str]]:
