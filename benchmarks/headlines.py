@@ -138,13 +138,21 @@ def _overlap(d: dict[str, Any]) -> Figures:
 
 @extractor("trl", compares="our trainer vs TRL's GRPOTrainer: s per RL step, held-out avg@8")
 def _trl(d: dict[str, Any]) -> Figures:
+    """Both of our sides when the JSON has them: the same decode path as TRL (``generate``) and as shipped."""
     ratio = d["ratio_ours_to_trl"]
-    return Figures(
-        f"{ratio:.2f}x TRL's time per step ({d['ours_s_per_step']:.2f} vs {d['trl_s_per_step']:.2f} s); held-out "
-        f"{d['ours_val_acc']:.1%} vs {d['trl_val_acc']:.1%} (base model {d['base_val_acc']:.1%})",
-        "<= 0.7x TRL's time per step",
-        ratio <= 0.7,
+    acc = f"held-out {d['ours_val_acc']:.1%} vs {d['trl_val_acc']:.1%} (base model {d['base_val_acc']:.1%})"
+    if "ratio_generate_to_trl" not in d:  # a race run before both decode paths were measured
+        return Figures(
+            f"{ratio:.2f}x TRL's time per step ({d['ours_s_per_step']:.2f} vs {d['trl_s_per_step']:.2f} s); {acc}",
+            "<= 0.7x TRL's time per step",
+            ratio <= 0.7,
+        )
+    gen = d["ratio_generate_to_trl"]
+    text = (
+        f"{gen:.2f}x TRL's time per step with the same decode path (`generate`), {ratio:.2f}x as shipped (static "
+        f"loop; {d['ours_s_per_step']:.2f} vs {d['trl_s_per_step']:.2f} s); {acc}"
     )
+    return Figures(text, "<= 0.7x TRL's time per step, with the same decode path", gen <= 0.7)
 
 
 @extractor("overhead", compares="Prefect, MLflow and Ray on top of the core RL step")

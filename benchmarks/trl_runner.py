@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerC
 from trl import GRPOConfig, GRPOTrainer
 
 sys.path.insert(0, str(Path.cwd()))  # the project root: its scorer
+from benchmarks.trl_settings import trl_config_kwargs
 from dapo_core.rewards import math_dapo_score
 
 
@@ -72,40 +73,7 @@ def main() -> None:
         }
         for p, rm in zip(frame["prompt"], frame["reward_model"], strict=True)
     ]
-    completions = s["prompts_per_step"] * s["n"]
-    config = GRPOConfig(
-        output_dir=str(args.out / "trainer"),
-        loss_type="dapo",
-        epsilon=s["clip_low"],
-        epsilon_high=s["clip_high"],
-        beta=0.0,
-        num_generations=s["n"],
-        per_device_train_batch_size=completions // s["updates"],  # completions per optimizer step
-        gradient_accumulation_steps=1,
-        steps_per_generation=s["updates"],  # one generation batch of `completions`, `updates` optimizer steps
-        max_completion_length=s["max_new_tokens"],
-        temperature=s["temperature"],
-        top_p=1.0,
-        top_k=0,
-        use_vllm=False,
-        learning_rate=s["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=s["grad_clip"],
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        mask_truncated_completions=False,
-        scale_rewards="group",
-        max_steps=s["steps"] * s["updates"],
-        save_strategy="no",
-        logging_steps=s["updates"],
-        report_to=[],
-        seed=s["seed"],
-        disable_tqdm=True,
-    )
+    config = GRPOConfig(**trl_config_kwargs(s, args.out))  # the shared settings (benchmarks.trl_settings)
     clock = StepClock(s["updates"])
     trainer = GRPOTrainer(
         model=model,

@@ -115,6 +115,27 @@ def test_a_sync_streamed_in_small_buckets_leaves_every_worker_with_the_trainer_w
         assert all(torch.equal(held[k].float(), trainer[k]) for k in trainer)
 
 
+def test_a_generation_submitted_before_an_update_runs_while_the_update_does(pair):
+    """rollout.mode=one_step_off's premise on Ray: the next step's generation, submitted just before this step's
+    update, runs on the rollout workers while the trainer ranks update (their wall-clock spans intersect). The local
+    executor takes the same update and sync, so the pair stays in step for the other tests."""
+    ex = pair.remote
+    batch = random_batch(0)
+    batch.old_log_probs, _ = ex.compute_log_probs(batch)
+    prompts = [ex.tokenizer.encode(f"Q: {a}+{b}\n") for a in range(16) for b in range(8)]
+    pending = ex.submit_generate(prompts, SamplingConfig(n=8, max_new_tokens=200, seed=7))  # ~1 s of decoding
+    ex.update(batch)
+    assert len(pending.result()) == 128 * 8
+    spans = ex.phase_spans()
+    gen_start, gen_end = min(s[1] for s in spans["rollout"][-2:]), max(s[2] for s in spans["rollout"][-2:])
+    upd_start, upd_end = min(s[1] for s in spans["trainer"][-2:]), max(s[2] for s in spans["trainer"][-2:])
+    assert gen_start < upd_start < gen_end, spans  # the update began while the generation was running
+    assert gen_start < upd_end  # the two spans intersect
+    pair.local.update(batch)
+    assert pair.local.sync_weights() == ex.sync_weights()
+    assert max_weight_diff(pair.local, ray_weights(ex)) <= 1e-6
+
+
 def test_engines_that_do_not_release_memory_in_time_stop_the_update_with_the_knob(ray_session):
     @ray.remote
     class BusyWorker:  # a worker whose engine is still generating (one_step_off), as sleep() waits behind it
@@ -211,23 +232,3 @@ def test_the_failure_limit_raises_an_error_naming_actor_node_and_cause(pair):
     # a process that exits mid-call reads as died or (while Ray notices) unavailable; either way it is named
     assert info.value.cause.startswith(("ActorDiedError", "ActorUnavailableError")) and info.value.node in message
     assert "max_actor_failures=2" in message
-
-
-def test_a_generation_submitted_before_an_update_runs_while_the_update_does(ray_session, tmp_path):
-    """rollout.mode=one_step_off's premise on Ray: the next step's generation, submitted just before this step's
-    update, runs on the rollout worker while the trainer rank updates (their wall-clock spans intersect)."""
-    model_dir = tiny_model_dir(tmp_path / "base")
-    ex = RayExecutor(tiny_cfg(model_dir, **{"rollout.mode": "one_step_off"}), options=RayOptions(start_timeout_s=120.0))
-    try:
-        batch = random_batch(0)
-        batch.old_log_probs, _ = ex.compute_log_probs(batch)
-        prompts = [ex.tokenizer.encode(f"Q: {a}+{b}\n") for a in range(8) for b in range(8)]
-        pending = ex.submit_generate(prompts, SamplingConfig(n=8, max_new_tokens=48, seed=7))  # ~1-2 s of decoding
-        ex.update(batch)
-        assert len(pending.result()) == 64 * 8
-        spans = ex.phase_spans()
-        (_, gen_start, gen_end), (_, upd_start, upd_end) = spans["rollout"][-1], spans["trainer"][-1]
-        assert gen_start < upd_start < gen_end, spans  # the update began while the generation was running
-        assert upd_start < gen_end and gen_start < upd_end  # the two spans intersect
-    finally:
-        ex.shutdown()
