@@ -172,7 +172,11 @@ def test_check_fails_when_a_headline_value_changes(tmp_path: Path):
 def test_extractor_headlines(headlines: ModuleType):
     trl = json.loads((RESULTS / "trl.json").read_text())
     compares, fig = headlines.figures("trl", trl)
-    assert f"{trl['ratio_ours_to_trl']:.2f}x TRL's time per step" in fig.headline and "TRL" in compares
+    assert f"{trl['ratio_generate_to_trl']:.2f}x TRL's time per step with the same decode path" in fig.headline
+    assert f"{trl['ratio_ours_to_trl']:.2f}x as shipped" in fig.headline and "TRL" in compares
+    assert fig.met is (trl["ratio_generate_to_trl"] <= 0.7)  # judged on the same decode path, not the faster one
+    _, fig = headlines.figures("trl", {**trl, "ratio_generate_to_trl": 0.75, "ratio_ours_to_trl": 0.5})
+    assert fig.met is False
     # fixed payloads in the schemas of the overhead and scaling suites
     overhead = {"summary": {"core_step_s": 4.2, "prefect_frac": 0.021, "mlflow_frac": 0.012, "ray_1x1_frac": 0.062,
                             "prefect_mlflow_frac": 0.031, "prefect_mlflow_cpu_frac": 0.04, "ray_1x1_cpu_frac": 0.05,
