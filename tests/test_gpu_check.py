@@ -48,6 +48,11 @@ def test_the_script_imports_without_pydantic_ray_prefect_mlflow_or_vllm():
     assert done.stdout.strip() == "[]"
 
 
+# `make test` exports PYTHON=python3 (the Makefile's venv-building interpreter, without torch): the script must not
+# take it for its own; this test's interpreter is handed over explicitly
+SCRIPT_ENV = {**os.environ, "PYTHON": "python3", "GPU_CHECK_PYTHON": sys.executable}
+
+
 @pytest.mark.timeout(300)
 def test_dry_run_passes_every_section_and_writes_json_and_markdown(tmp_path):
     done = subprocess.run(
@@ -56,6 +61,7 @@ def test_dry_run_passes_every_section_and_writes_json_and_markdown(tmp_path):
         text=True,
         cwd=ROOT,
         timeout=280,
+        env=SCRIPT_ENV,
     )
     assert (tmp_path / "gpu.json").is_file(), done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu.json").read_text())
@@ -78,7 +84,7 @@ def test_dry_run_passes_every_section_and_writes_json_and_markdown(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_failing_section_is_recorded_the_others_still_run_and_the_run_exits_non_zero(tmp_path):
-    env = {**os.environ, "GPU_CHECK_INJECT_FAILURE": "release_before_wake"}
+    env = {**SCRIPT_ENV, "GPU_CHECK_INJECT_FAILURE": "release_before_wake"}
     done = subprocess.run(
         [str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run", "--world", "1", "--out", str(tmp_path),
          "--sections", "release_before_wake,planner"],
