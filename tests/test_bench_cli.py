@@ -215,7 +215,7 @@ def test_rollout_headline_is_the_default_settings_figure_and_procs_only_an_optio
 def test_every_default_batch_row_of_the_committed_rollout_results_names_the_defaults_ratio():
     import importlib
 
-    bench = importlib.import_module("benchmarks.bench_rollout")
+    bench = importlib.import_module("benchmarks.rollout_default")
     report = json.loads((RESULTS / "rollout.json").read_text())
     assert report["default_setting"] == bench.default_setting()  # the recipe's default, not a chosen setting
     rows = [r for r in report["results"] if bench.is_default_batch(r)]
