@@ -41,7 +41,7 @@ from benchmarks.trl_settings import KNOWN_DIFFERENCES, SIDES, our_overrides
 OUT = Path("outputs/bench-trl")
 TRL_VENV = Path(".venv-trl")
 TORCH_PIN = "torch==2.13.0"
-# the set that installed together beside torch 2.13.0+cpu (shared/notes/trl-baseline.md)
+# the set that installed together beside torch 2.13.0+cpu (checked when the race was set up)
 TRL_PINS = ["trl==1.16.0", "transformers==5.24.0", "accelerate==1.15.0", "datasets==5.2.0", "pandas", "pyarrow"]
 WARMUP_STEPS = 2
 

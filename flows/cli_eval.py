@@ -1,7 +1,7 @@
 """`dapo evaluate` and `dapo compare` (wired into the CLI by ``register(app)``).
 
 dapo evaluate                                               # model.path on data.val_files, k = rollout.val_n
-dapo evaluate --model outputs/tiny-dapo/final --k 32 --data ../shared/data/aime-2024.parquet
+dapo evaluate --model outputs/tiny-dapo/final --k 32 --data data/aime-2024.parquet
 dapo evaluate --model runs:/<run_id>/model                 # or models:/<name>/<version>, or an HF hub id
 dapo compare tiny-dapo tiny-grpo --out outputs/compare      # run names or ids; writes compare.png + compare.md
 """

@@ -3,7 +3,7 @@
 Run it::
 
     dapo evaluate                                         # model.path on data.val_files, k = rollout.val_n
-    dapo evaluate --model outputs/tiny-dapo/final --data ../shared/data/aime-2024.parquet --k 32
+    dapo evaluate --model outputs/tiny-dapo/final --data data/aime-2024.parquet --k 32
     dapo evaluate --model runs:/<run_id>/model            # or models:/tiny-dapo/1, or an HF hub id
     dapo compare tiny-dapo tiny-grpo --out outputs/compare
 

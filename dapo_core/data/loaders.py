@@ -16,7 +16,7 @@ A file-level problem (missing file or column, wrong column type) raises ``Schema
 column and what was expected; a row-level problem is left for validation (``dapo_core.data.curate``), so one bad
 row never stops a curation.
 
-    rows = load_source(SourceSpec(path="../shared/data/aime-2024.parquet"))
+    rows = load_source(SourceSpec(path="data/aime-2024.parquet"))   # your copy of verl's AIME-2024 file
     len(rows), rows.loader, rows.templated      # 960, "verl", True
 """
 

@@ -9,7 +9,7 @@ DAPO answer line::
     Answer: -271
 
 So the solution length grows with the number of operations (the difficulty), which gives the length-dependent
-conditions DAPO's token-level loss and overlong shaping act on (``shared/notes/tiny-rl-feasibility.md``).
+conditions DAPO's token-level loss and overlong shaping act on.
 
 Rules (from the feasibility probe): operands 1-99, the right operand of ``*`` (the multiplier) 2-9, every
 intermediate result within +-999 (draws that break it are redrawn). Only ``random.Random(seed)`` is used (no

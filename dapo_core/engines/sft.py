@@ -5,7 +5,7 @@ one: a randomly initialised tiny Qwen2 (``cfg.model.tiny``) with the character t
 trainer's SFT objective (``PolicyTrainer.sft_step``: token-mean NLL of the response) on the synthetic task
 (``dapo_core.data.synthetic``). Prompt = the ``tiny`` template ``"Q: {question}"`` through the chat template;
 response = the worked solution + EOS. A short warm start leaves the model with some skill (held-out accuracy
-~10-40%), so RL has groups with reward variance to learn from (``shared/notes/tiny-rl-feasibility.md``).
+~10-40%), so RL has groups with reward variance to learn from.
 
 Held-out accuracy is measured on problems that never appear in the SFT stream: a seeded held-out set plus any
 questions the caller excludes (e.g. the curated train/val problems), with the ``hf`` rollout backend (greedy and

@@ -1,6 +1,6 @@
 """The supervised control of the learning claim: continue the warm start for the wall time RL was given.
 
-RL must beat this to matter (``shared/notes/tiny-rl-feasibility.md``): the same base model, the same time, spent
+RL must beat this to matter: the same base model, the same time, spent
 on more supervised training instead of DAPO. The control sees exactly the demonstrations the warm start had —
 it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
 task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
