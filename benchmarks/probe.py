@@ -8,6 +8,10 @@
                                                          # base model dir, default outputs/base_model; --set: more
                                                          # recipe overrides, e.g. rollout.n=4), validated on the
                                                          # probe set
+    python -m benchmarks.probe control 5e-4 [--clean] [--cpu-s 160] [--seed 1] [--base DIR]
+                                                         # the supervised control at lr 5e-4 (--clean: on clean
+                                                         # demonstrations) for 160 CPU s, scored on the probe set
+                                                         # (avg@8 and the stop split) -> outputs/probe/<name>.json
 
 Each run logs to outputs/probe/mlflow.db (run name probe-<rung>-lr<lr>-mb<mini>-s<seed>; its in-training
 validation ``val/synthetic/acc/mean_at_8`` at steps 8 and 16 is the probe avg@8) and writes outputs/probe/<name>.log.
@@ -86,6 +90,42 @@ def run(
         return subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
 
 
+def control(lr: float, *, clean: bool, cpu_s: float, seed: int = 1, base: str = "outputs/base_model") -> dict:
+    """The supervised control (``continue_warm_start``) at ``lr`` for ``cpu_s`` CPU seconds from ``base``, scored
+    on the probe set at avg@8 (with the stop split); written to outputs/probe/<name>.json and returned."""
+    import json
+
+    from dapo_core.config import load_config
+    from dapo_core.engines.sft_control import continue_warm_start
+    from flows.base_model import warm_start_settings
+    from flows.evaluate import evaluate_flow
+    from tasks.base_model import read_exclusions
+
+    if not PROBE_FILE.is_file():
+        raise SystemExit(f"{PROBE_FILE} is missing: run `python -m benchmarks.probe make` first")
+    cfg = load_config(recipe="tiny-dapo")
+    name = f"probe-control{'-clean' if clean else ''}-lr{lr:g}-cpu{cpu_s:g}-s{seed}"
+    out_dir = PROBE_DIR / "runs" / name
+    res = continue_warm_start(
+        cfg, warm_start_settings(cfg), base, cpu_budget_s=cpu_s, exclude=read_exclusions(CURATED),
+        output_dir=out_dir, seed=seed, lr=lr, clean=clean,
+    )  # fmt: skip
+    sets = [f"data.val_files=[{PROBE_FILE}]", f"tracking.uri=sqlite:///{PROBE_DIR}/mlflow.db"]
+    ev = evaluate_flow(recipe="tiny-dapo", overrides=sets, model=str(out_dir), k=8, metrics_path=None, run_name=name)
+    split = {k.rsplit("/", 1)[-1]: v for k, v in ev["metrics"].items() if "/stop/" in k}
+    record = {
+        "name": name,
+        "lr": lr,
+        "clean": clean,
+        "cpu_s": res.cpu_s,
+        "steps": res.steps,
+        "probe_avg8": ev["mean_acc"],
+        **split,
+    }
+    (PROBE_DIR / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
 def _split_sets(argv: list[str]) -> tuple[list[str], list[str]]:
     """Positional arguments and the values of ``--set KEY=VALUE`` pairs, in order."""
     args, sets = [], []
@@ -102,10 +142,24 @@ def _split_sets(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 if __name__ == "__main__":
+    from dapo_core.env import apply_quiet_env
+
+    apply_quiet_env(Path.cwd())  # what the dapo CLI sets: a project-local Prefect home, quiet and offline
     if len(sys.argv) >= 2 and sys.argv[1] == "make":
         print(make())
     elif len(sys.argv) >= 5 and sys.argv[1] == "run":
         args, sets = _split_sets(sys.argv[2:])
         sys.exit(run(*args[:4], *[int(a) for a in args[4:5]], *args[5:6], extra=sets))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "control":
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="python -m benchmarks.probe control")
+        ap.add_argument("lr", type=float)
+        ap.add_argument("--clean", action="store_true")
+        ap.add_argument("--cpu-s", type=float, default=160.0)
+        ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--base", default="outputs/base_model")
+        a = ap.parse_args(sys.argv[2:])
+        print(control(a.lr, clean=a.clean, cpu_s=a.cpu_s, seed=a.seed, base=a.base))
     else:
         raise SystemExit(__doc__)

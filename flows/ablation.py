@@ -31,8 +31,9 @@ from prefect import flow, get_run_logger
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.config.ablation import (
     ALL_RUNGS,
+    CONTROL_RUNGS,
     EVIDENCE_KEYS,
-    SFT_CONTROL,
+    SFT_CONTROL_CLEAN,
     Regime,
     Rung,
     build_ladder,
@@ -43,6 +44,7 @@ from dapo_core.config.ablation import (
 )
 from dapo_core.evaluation.ablation_journal import AblationJournal, code_digest, file_digest
 from dapo_core.evaluation.ablation_report import report_stem, summarize_rung, write_report
+from dapo_core.evaluation.runner import stop_split
 from flows.ablation_runs import (
     announce_code_changes,
     config_view,
@@ -57,6 +59,7 @@ from flows.ablation_runs import (
     warm_start_steps,
 )
 from flows.base_model import base_model_flow, warm_start_settings
+from flows.controls import STEP_CPU_KEY, STEP_TIME_KEY  # their sums: the controls' budgets
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import train_flow
@@ -74,9 +77,6 @@ DEFAULT_SEEDS = 3
 # which the curves keep). Measured: it moved the ladder's verdicts by under a point; the seed spread is the runs' own.
 DEFAULT_EVAL_K = 32
 QUICK_SEEDS, QUICK_STEPS = 1, 2
-STEP_TIME_KEY = "timing_s/step"  # per-step training wall time
-# per-step CPU seconds of the training process: their sum is the control's budget (other jobs inflate it less than wall time)
-STEP_CPU_KEY = "perf/cpu_time_per_step"
 _VAL_KEY = re.compile(r"^val/[^/]+/acc/mean_at_(\d+)$")
 
 
@@ -276,16 +276,17 @@ def ablation_flow(
                     for seed in range(1, seeds + 1)
                 ]
                 rungs.append(summarize_rung(rung.name, records))
-            if SFT_CONTROL in rung_names:
-                # the control's budget: the dapo rung's training steps' time (not validations or checkpoints)
+            for control in [n for n in rung_names if n in CONTROL_RUNGS]:
+                # a control's budget: the dapo rung's training steps' time (not validations or checkpoints)
                 dapo = next(r for r in rungs if r["name"] == "dapo")
+                clean = control == SFT_CONTROL_CLEAN
+                budgets = [control_budget(dapo, s, cfg.resources.executor) for s in range(1, seeds + 1)]
                 controls = [
-                    run_control(
-                        common, cfg, regime, s, control_budget(dapo, s, cfg.resources.executor), prepared, journal, k
-                    )
-                    for s in range(1, seeds + 1)
+                    run_control(common, cfg, regime, s, b, prepared, journal, k, clean=clean)
+                    for s, b in enumerate(budgets, start=1)
                 ]
-                rungs.insert(rung_names.index(SFT_CONTROL), summarize_rung(SFT_CONTROL, controls))
+                rungs.append(summarize_rung(control, controls))
+            rungs.sort(key=lambda r: rung_names.index(r["name"]))
             results["regimes"][regime.name] = {"lr": regime.lr, "rungs": rungs}
             tracking.log_metrics({f"ablation/{regime.name}/{r['name']}/mean": r["mean"] for r in rungs}, step=n_steps)
         results.update(
@@ -297,6 +298,7 @@ def ablation_flow(
                 "curve_k": curve_k,
                 "eval_seed": base_eval.get("seed"),
                 "base_acc": base_eval["mean_acc"],
+                "base_stop": stop_split(base_eval.get("metrics", {})),
                 "base_model": prepared["dir"],
                 # tracking.* left out: a store URI may carry credentials, and the report may be committed
                 "config": {

@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 
 from dapo_core.config import DapoConfig
-from dapo_core.config.ablation import SFT_CONTROL, Regime, run_name
+from dapo_core.config.ablation import SFT_CONTROL, SFT_CONTROL_CLEAN, Regime, run_name
 from dapo_core.engines.sft import WarmStartConfig
 from dapo_core.engines.sft_control import continue_warm_start, stream_offset
 from dapo_core.evaluation.ablation_journal import (
@@ -33,6 +33,7 @@ from dapo_core.evaluation.ablation_journal import (
     file_digest,
     fingerprint,
 )
+from dapo_core.evaluation.runner import stop_split
 from flows.evaluate import evaluate_flow
 from tasks import tracking
 from tasks.base_model import STAMP_FILE
@@ -118,10 +119,11 @@ def evaluate_final(
 
 
 def scored_record(record: dict[str, Any], ev: dict[str, Any], k: int, model_dir: str | Path) -> dict[str, Any]:
-    """``record`` with its final score (``acc`` at ``eval_k``) and the identity of the model scored."""
+    """``record`` with its final score (``acc`` at ``eval_k``), the score's stop split (``stop/*``: how much of it
+    is stopping at the answer line, how much arithmetic) and the identity of the model scored."""
     return {
         **record, "acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "model_dir": str(model_dir),
-        "model_digest": file_digest(model_dir),
+        "model_digest": file_digest(model_dir), **stop_split(ev.get("metrics", {})),
     }  # fmt: skip
 
 
@@ -153,7 +155,10 @@ def score(
     if not record.get("model_digest"):  # an older record, shown to be this model: journal its digest from now on
         record = journal.put(key, {**record, "model_dir": str(model_dir), "model_digest": file_digest(model_dir)})
     ev = evaluate_final(common, model_dir, k, f"{run_name}-eval-k{k}", tags)
-    done = {"acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "scored_run_id": record["run_id"]}
+    done = {
+        "acc": ev["mean_acc"], "eval_k": k, "eval_run_id": ev["run_id"], "scored_run_id": record["run_id"],
+        **stop_split(ev.get("metrics", {})),
+    }  # fmt: skip
     journal.put(eval_key, done)
     return {**record, **done}
 
@@ -228,18 +233,26 @@ def sft_control(
     skip_steps: int | None,
     output_dir: str,
     seed: int = 1,
+    clean: bool = False,
 ) -> dict[str, Any]:
     """Continue the warm start for ``budget_s`` seconds of ``budget_kind`` ("cpu": this process's CPU time, or
-    "wall") on the demonstrations of ``seed`` (``continue_warm_start``); returns steps, wall and CPU time, last
-    loss, model dir."""
+    "wall") on the demonstrations of ``seed`` (``continue_warm_start``; ``clean``: clean ones, at
+    ``control.clean_lr``); returns steps, wall and CPU time, last loss, model dir."""
     budget = {"cpu_budget_s": budget_s} if budget_kind == "cpu" else {"time_budget_s": budget_s}
     res = continue_warm_start(
-        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, seed=seed, **budget
-    )
+        cfg, ws, base_dir, exclude=exclude, skip_steps=skip_steps, output_dir=output_dir, seed=seed,
+        lr=control_settings(cfg, clean)["lr"], clean=clean, **budget,
+    )  # fmt: skip
     return {
         "steps": res.steps, "wall_s": res.wall_s, "cpu_s": res.cpu_s, "final_loss": res.final_loss,
-        "output_dir": str(res.output_dir),
+        "output_dir": str(res.output_dir), "lr": res.lr,
     }  # fmt: skip
+
+
+def control_settings(cfg: DapoConfig, clean: bool) -> dict[str, Any]:
+    """What sets a control apart besides its budget: ``clean`` and its lr (None: the warm start's final lr)."""
+    lr = cfg.control.clean_lr if clean and cfg.control.clean_lr is not None else cfg.control.lr
+    return {"clean": clean, "lr": lr}
 
 
 def warm_start_steps(base_dir: str) -> int | None:
@@ -272,17 +285,23 @@ def run_control(
     base: dict[str, Any],
     journal: AblationJournal,
     k: int,
+    clean: bool = False,
 ) -> dict[str, Any]:
-    """The supervised control of one (regime, seed): the base model, ``budget`` more seconds of SFT, scored at
-    held-out avg@k (or the journaled control, scored at k)."""
+    """The supervised control of one (regime, seed): the base model, ``budget`` more seconds of SFT (``clean``:
+    on clean demonstrations, ``sft-control-clean``), scored at held-out avg@k (or the journaled control, scored
+    at k)."""
     budget_s, kind = budget
-    name = run_name(regime.name, SFT_CONTROL, seed)
+    rung = SFT_CONTROL_CLEAN if clean else SFT_CONTROL
+    name = run_name(regime.name, rung, seed)
+    # a clean control's key names it; the habit-keeping control's key keeps the shape it always had
+    extra = {"control": control_settings(cfg, clean)} if clean else {}
     key, config_key = run_keys(
         {"kind": "control", "config": config_view(cfg), "seed": seed, "regime": [regime.name, regime.lr],
-         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"]},
+         "budget": [round(budget_s, 3), kind], "stream_offset": stream_offset(base["ws"], seed), **base["digests"],
+         **extra},
         base["code"],
     )  # fmt: skip
-    tags = tags_of(regime.name, SFT_CONTROL, seed, "control")
+    tags = tags_of(regime.name, rung, seed, "control")
     output_dir = Path(cfg.trainer.output_dir) / name
     reused = reuse_journaled(
         common, cfg, journal, key=key, default_model_dir=output_dir, k=k, run_name=name, tags=tags,
@@ -293,7 +312,7 @@ def run_control(
     with tracking.start_run(cfg, run_name=name, nested=True, tags=tags) as run:
         res = sft_control(
             cfg, base["ws"], base["dir"], budget_s=budget_s, budget_kind=kind, exclude=base["exclude"],
-            skip_steps=base["skip_steps"], output_dir=str(output_dir), seed=seed,
+            skip_steps=base["skip_steps"], output_dir=str(output_dir), seed=seed, clean=clean,
         )  # fmt: skip
         metrics = {
             f"control/{kind}_budget_s": budget_s, "control/wall_s": res["wall_s"], "control/cpu_s": res["cpu_s"],
@@ -309,6 +328,7 @@ def run_control(
         "budget_s": budget_s,
         "budget_kind": kind,
         "sft_steps": res["steps"],
+        "sft_lr": res["lr"],
         "curve": [],
         "run_id": control_run_id,
         **provenance(base["code"]),

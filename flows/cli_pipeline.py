@@ -51,12 +51,42 @@ def _running_ui_api() -> str | None:
     return f"{s.prefect_url}/api" if ui.prefect_answers(s) else None
 
 
+def _stop(split: dict) -> str:
+    """``stop 40% (acc 31%)``: the share of responses that stop at their answer line, and their accuracy."""
+    if "stop/stopped_rate" not in split:
+        return ""
+    acc = split.get("stop/acc_when_stopped")
+    return f"stop {100 * split['stop/stopped_rate']:.0f}%" + (f" (acc {100 * acc:.0f}%)" if acc is not None else "")
+
+
+def _comparison(s: dict) -> list[str]:
+    """Accuracy and the stop split of the base model, the policy and each control, one row each."""
+    from flows.controls import CONTROL_WHAT
+
+    rows = [
+        ("base model", s["base_acc"], s.get("base_stop", {})),
+        ("after RL", s["final_acc"], s.get("final_stop", {})),
+    ]
+    for c in s.get("controls", []):
+        rows.append((f"{c['name']} ({CONTROL_WHAT[c['name']]})", c["acc"], c.get("stop", {})))
+    width = max(len(r[0]) for r in rows)
+    lines = [f"  {name:<{width}}  {acc:.3f}  {_stop(split)}".rstrip() for name, acc, split in rows]
+    if s.get("controls"):
+        c0 = s["controls"][0]
+        lines.append(
+            f"  (controls: the base model given RL's {c0['budget_s']:.0f} {c0['budget_kind'].upper()} s of SFT instead; "
+            "stop = responses that end at their answer line, acc = their accuracy: the arithmetic apart from stopping)"
+        )
+    return lines
+
+
 def _summary(s: dict, wall_s: float, log_file: Path) -> list[str]:
     lines = [
         "",
         f"== dapo pipeline finished in {wall_s:.0f}s",
         f"Held-out accuracy (avg@{s['k']}, sampled, problems never trained on): "
         f"base model {s['base_acc']:.3f} -> after RL {s['final_acc']:.3f}",
+        *_comparison(s),
         f"Final policy: {s['train']['final_model']} (registered as {s['train']['registered_model']})",
         f"Training dynamics plot: {s['train']['plot']}",
         f"Log of every stage: {log_file}",

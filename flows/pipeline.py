@@ -26,7 +26,9 @@ from prefect import flow, get_run_logger
 
 from dapo_core.config import DapoConfig, load_config
 from dapo_core.config.schema import resolved_run_name, resolved_tracking_uri
+from dapo_core.evaluation.runner import stop_split
 from flows.base_model import base_model_flow
+from flows.controls import run_controls
 from flows.curate import curate_flow
 from flows.evaluate import evaluate_flow
 from flows.train import PROGRESS_HOOKS, train_flow
@@ -38,7 +40,7 @@ from tasks.train_logging import val_fields
 logger = logging.getLogger(__name__)
 
 DVC_STAGES = ("curate", "base_model", "train", "evaluate")
-STAGES = ("curate", "base model", "evaluate base", "train", "evaluate", "dvc commit")
+STAGES = ("curate", "base model", "evaluate base", "train", "evaluate", "controls", "dvc commit")
 LOG_FILE = "pipeline.log"
 
 
@@ -51,9 +53,9 @@ def pipeline_log_path(cfg: DapoConfig) -> Path:
 class _Stages:
     """One line per finished stage: ``[i/n] name  what it did  time``, to the run log and the console."""
 
-    def __init__(self, plog: Any) -> None:
-        self.plog, self.done = plog, 0
-        self.width = max(len(s) for s in STAGES)
+    def __init__(self, plog: Any, stages: tuple[str, ...] = STAGES) -> None:
+        self.plog, self.done, self.stages = plog, 0, stages
+        self.width = max(len(s) for s in stages)
 
     @contextmanager
     def run(self, name: str) -> Iterator[dict[str, str]]:
@@ -64,7 +66,7 @@ class _Stages:
             yield info
         self.done += 1
         line = (
-            f"[{self.done}/{len(STAGES)}] {name:<{self.width}}  {info['what']}  "
+            f"[{self.done}/{len(self.stages)}] {name:<{self.width}}  {info['what']}  "
             f"({progress.fmt_duration(time.perf_counter() - t0)})"
         )
         self.plog.info(line)
@@ -107,6 +109,14 @@ def _train_line(t: dict[str, Any], steps: int) -> str:
     return "; ".join(parts)
 
 
+def _controls_line(controls: list[dict[str, Any]]) -> str:
+    """``sft-control avg@8 0.170 (254 SFT steps), ...; each given RL's 160 CPU s -> outputs/controls-tiny-dapo``"""
+    each = ", ".join(f"{c['name']} avg@{c['k']} {c['acc']:.3f} ({c['steps']} SFT steps)" for c in controls)
+    c0 = controls[0]
+    where = Path(c0["output_dir"]).parent
+    return f"{each}; each given RL's {c0['budget_s']:.0f} {c0['budget_kind'].upper()} s of SFT -> {where}"
+
+
 def _dvc_commit(plog: Any) -> bool:
     """Record the stage outputs in dvc.lock (they were produced by the same code the stage commands run) and the
     generated raw data in the DVC cache, so `dvc status` is clean and `dvc repro` a no-op afterwards."""
@@ -141,7 +151,7 @@ def pipeline_flow(
     common = {"config_path": config_path, "recipe": recipe, "overrides": list(overrides or [])}
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
     run_name = resolved_run_name(cfg)
-    stages = _Stages(plog)
+    stages = _Stages(plog, STAGES if cfg.control.pipeline else tuple(s for s in STAGES if s != "controls"))
     t0 = time.perf_counter()
     with tracking.start_run(
         cfg, run_name=f"pipeline-{run_name}", tags={"stage": "pipeline", "recipe": cfg.recipe}
@@ -170,18 +180,30 @@ def pipeline_flow(
                 **common, model=trained["final_model"], run_name=f"evaluate-{run_name}", extra_tags=data_tags
             )
             s["what"] = _eval_line(final_eval, "trained policy")
+        controls: list[dict[str, Any]] = []
+        if cfg.control.pipeline:
+            with stages.run("controls") as s:
+                controls = run_controls(common, cfg, base["output_dir"], trained["run_id"], data_tags)
+                s["what"] = _controls_line(controls)
         summary = {
             "curate": curated,
             "base_model": base,
             "train": {k: v for k, v in trained.items() if k != "final_metrics"},
             "base_acc": base_eval["mean_acc"],
             "final_acc": final_eval["mean_acc"],
+            "base_stop": stop_split(base_eval.get("metrics", {})),
+            "final_stop": stop_split(final_eval.get("metrics", {})),
+            "controls": controls,
             "k": final_eval.get("n"),
             "parent_run_id": run.info.run_id,
             "tracking_uri": resolved_tracking_uri(cfg),
             "wall_s": time.perf_counter() - t0,
         }
-        tracking.log_metrics({"pipeline/base_acc": summary["base_acc"], "pipeline/final_acc": summary["final_acc"]}, 0)
+        tracking.log_metrics(
+            {"pipeline/base_acc": summary["base_acc"], "pipeline/final_acc": summary["final_acc"],
+             **{f"pipeline/{c['name']}_acc": c["acc"] for c in controls}},
+            0,
+        )  # fmt: skip
         if log_file and Path(log_file).is_file():
             tracking.log_artifact(log_file, "logs")
     with stages.run("dvc commit") as s:

@@ -20,6 +20,8 @@ from dapo_core.config.ablation import (
     PAPER_AIME,
     RUNG_NAMES,
     SFT_CONTROL,
+    SFT_CONTROL_CLEAN,
+    STOP_KEYS,
     SUCCESSOR_RUNGS,
     build_ladder,
     build_regimes,
@@ -30,6 +32,7 @@ from dapo_core.config.ablation import (
     run_overrides,
 )
 from dapo_core.engines.executor import loss_config_from
+from dapo_core.engines.sft_control import control_lr
 from dapo_core.evaluation.ablation_journal import code_digest
 from dapo_core.evaluation.ablation_report import (
     check_results,
@@ -39,6 +42,7 @@ from dapo_core.evaluation.ablation_report import (
     write_report,
 )
 from flows.ablation import DEFAULT_RECIPE  # the ladder's recipe when `dapo ablation` gets no --recipe
+from flows.base_model import warm_start_settings
 from tasks.tracking import flatten_config, git_tags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,11 +154,12 @@ def test_successor_rungs_change_only_the_objective():
 
 def test_parse_rungs_keeps_order_and_refuses_bad_plans():
     assert parse_rungs(" dapo, gspo ,dapo,sft-control") == ["dapo", "gspo", "sft-control"]
-    assert set(KNOWN_RUNGS) == {*RUNG_NAMES, *SUCCESSOR_RUNGS, SFT_CONTROL}
+    assert set(KNOWN_RUNGS) == {*RUNG_NAMES, *SUCCESSOR_RUNGS, SFT_CONTROL, SFT_CONTROL_CLEAN}
     with pytest.raises(ValueError, match=r"unknown rung\(s\) \['gpso'\]; valid: grpo"):
         parse_rungs("dapo,gpso")
-    with pytest.raises(ValueError, match="needs dapo among the rungs"):
-        parse_rungs("grpo,sft-control")
+    for control in ("sft-control", "sft-control-clean"):
+        with pytest.raises(ValueError, match=f"{control} spend.*needs dapo among the rungs"):
+            parse_rungs(f"grpo,{control}")
     with pytest.raises(ValueError, match="none given"):
         parse_rungs(" , ")
     with pytest.raises(ValueError, match=r"policy_loss \(gspo\) must be ppo-clip.*--rungs grpo,...,dapo,gspo"):
@@ -421,6 +426,7 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
     data = json.loads((out / "ablation.json").read_text())
     assert set(data["regimes"]) == {"tuned", "aggressive"} and data["steps"] == 2
     assert data["regimes"]["aggressive"]["lr"] == pytest.approx(AGGRESSIVE_LR_FACTOR * data["regimes"]["tuned"]["lr"])
+    quick_cfg = load_config(recipe="tiny-dapo", overrides=TINY, env={})
     code = code_digest()
     git = git_tags(ROOT)
     assert data["code_digest"] == code and data["code_digests"] == [code] and data["retrained_for_code"] == 0
@@ -436,14 +442,20 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
             assert rungs[name]["train/kept_groups_frac"] in (None, 1.0), name
         for name in RUNG_NAMES:  # the clip fractions were logged, as fractions
             assert all(0.0 <= rungs[name][key] <= 1.0 for key in ("actor/pg_clipfrac_high", "actor/pg_clipfrac_low"))
-        for r in regime["rungs"][:-1]:  # the base model's evaluation, then every step (test_freq 1 of 2 steps)
-            assert [s for s, _ in r["curve"]] == [0, 1, 2], r["name"]
-            assert r["curve"][0][1] == pytest.approx(data["base_acc"])
-        control, dapo = regime["rungs"][-1], regime["rungs"][-2]
-        # the control's budget: the dapo run's training CPU seconds (local executor), spent on >= 1 SFT step
-        assert dapo["train_cpu_s"][0] > 0 and control["budget_kind"] == ["cpu"]
-        assert control["budget_s"][0] == pytest.approx(dapo["train_cpu_s"][0])
-        assert control["cpu_s"][0] >= control["budget_s"][0] and control["sft_steps"][0] >= 1
+        for name in RUNG_NAMES:  # the base model's evaluation, then every step (test_freq 1 of 2 steps)
+            assert [s for s, _ in rungs[name]["curve"]] == [0, 1, 2], name
+            assert rungs[name]["curve"][0][1] == pytest.approx(data["base_acc"])
+        dapo = rungs["dapo"]
+        # each control's budget: the dapo run's training CPU seconds (local executor), spent on >= 1 SFT step, at
+        # its own lr (the clean one at control.clean_lr, the other where the warm start's schedule ended)
+        assert dapo["train_cpu_s"][0] > 0
+        for name in (SFT_CONTROL, SFT_CONTROL_CLEAN):
+            control = rungs[name]
+            assert control["budget_kind"] == ["cpu"] and control["curve"] == [], name
+            assert control["budget_s"][0] == pytest.approx(dapo["train_cpu_s"][0])
+            assert control["cpu_s"][0] >= control["budget_s"][0] and control["sft_steps"][0] >= 1
+        assert rungs[SFT_CONTROL]["sft_lr"] == [pytest.approx(control_lr(warm_start_settings(quick_cfg)))]
+        assert rungs[SFT_CONTROL_CLEAN]["sft_lr"] == [pytest.approx(quick_cfg.control.clean_lr)]
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     parent = client.get_run(data["parent_run_id"])
@@ -485,6 +497,13 @@ def test_quick_ablation_through_the_cli(tmp_path, monkeypatch, prefect_api):
             ev = client.get_run(r["eval_run_id"][0])
             at_k = [key for key in ev.data.metrics if key.endswith(f"acc/mean_at_{data['k']}")]
             assert at_k and ev.data.metrics[at_k[0]] == pytest.approx(r["seeds"][0]), r["name"]
+            # the row's stop split is its final model's: the eval run's logged val/<ds>/stop/* (one data source)
+            for key in STOP_KEYS:
+                logged = [v for m, v in ev.data.metrics.items() if m.endswith("/" + key)]
+                if r[key] is None:  # acc if stops: no response of the run stopped at its answer line
+                    assert key == "stop/acc_when_stopped" and r["stop/stopped_rate"] == 0.0, r["name"]
+                else:
+                    assert logged == [pytest.approx(r[key])], (r["name"], key)
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "ablation")} == {
         "ablation/ablation.json",
         "ablation/ablation.md",

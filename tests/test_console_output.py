@@ -128,21 +128,25 @@ def test_pipeline_console_is_short_and_the_log_file_has_the_chatter(tmp_path):
     screen = proc.stdout + proc.stderr
     assert proc.returncode == 0, screen[-3000:]
     assert "Finished in state" not in screen and "system metrics" not in screen and "\r" not in screen
-    stages = re.findall(r"^\[(\d)/6\] (\S+(?: \S+)?)\s", proc.stdout, flags=re.M)
+    stages = re.findall(r"^\[(\d)/7\] (\S+(?: \S+)?)\s", proc.stdout, flags=re.M)
     assert stages == [("1", "curate"), ("2", "base model"), ("3", "evaluate base"), ("4", "train"),
-                      ("5", "evaluate"), ("6", "dvc commit")]  # fmt: skip
+                      ("5", "evaluate"), ("6", "controls"), ("7", "dvc commit")]  # fmt: skip
     assert re.search(r"^  warm start: 4/4 steps \(100%\).*held-out avg@2", proc.stdout, flags=re.M)
     assert re.search(r"^  RL: 2/2 steps \(100%\)  train acc \d\.\d{3}  val avg@2 \d\.\d{3}", proc.stdout, flags=re.M)
     # a warning stays on screen (no dvc.yaml here), the summary of old is still the end of the output
     assert "WARNING prefect.flow_runs: dvc (or dvc.yaml / .dvc) not found" in proc.stderr
     assert "== dapo pipeline finished in" in proc.stdout and "Held-out accuracy (avg@2" in proc.stdout
+    # one row each for the base model, the policy and the two controls: accuracy and the stop split
+    for row in ("base model", "after RL", r"sft-control \(the warm start's demonstrations\)",
+                r"sft-control-clean \(clean demonstrations\)"):  # fmt: skip
+        assert re.search(rf"^  {row}\s+\d\.\d{{3}}  stop \d+%", proc.stdout, flags=re.M), (row, proc.stdout)
     assert len(screen.splitlines()) < 45, screen  # it was ~170 lines for this config before
 
     log_file = tmp_path / "outputs" / "pipeline-tiny-dapo" / "pipeline.log"
     assert f"Log of every stage: {log_file.relative_to(tmp_path)}" in proc.stdout
     logged = log_file.read_text()
     assert logged.count("Finished in state Completed()") > 20
-    assert "Started monitoring system metrics." in logged and "[4/6] train" in logged
+    assert "Started monitoring system metrics." in logged and "[4/7] train" in logged
     assert "dvc (or dvc.yaml / .dvc) not found" in logged
 
     from mlflow.tracking import MlflowClient

@@ -9,7 +9,8 @@ import torch
 
 from dapo_core.config import load_config
 from dapo_core.engines.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
-from dapo_core.engines.sft_control import continue_warm_start, warm_start_exclusions
+from dapo_core.engines.sft_control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
+from dapo_core.evaluation.metrics import stop_class
 
 
 def _questions(batches, n_batches):
@@ -95,6 +96,39 @@ def test_control_trains_on_from_the_base_model(tmp_path):
     assert any(not torch.equal(weights["s2"][k], weights["s1"][k]) for k in before)
     with pytest.raises(ValueError, match=r"seed \(0\) must be >= 1"):
         continue_warm_start(cfg, ws, base.output_dir, max_steps=1, seed=0)
+
+
+def test_clean_control_trains_on_demonstrations_that_stop_at_their_answer_line(tmp_path, monkeypatch):
+    """sft-control keeps the warm start's habits (run-ons, shortcuts); sft-control-clean (clean=True) sees none of
+    them, at its own lr; both see the same problems' worked solutions otherwise."""
+    import dapo_core.engines.sft_control as control_mod
+
+    cfg = load_config(
+        recipe="tiny-dapo",
+        overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
+    )
+    ws = WarmStartConfig(
+        steps=2, batch_size=16, micro_batch_size=16, heldout_size=2, heldout_k=1, run_on_frac=0.6,
+        run_on_style="answer_only", shortcut_frac=0.3,
+    )  # fmt: skip
+    base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
+    seen: list[str] = []
+    real = control_mod.response_ids
+    monkeypatch.setattr(control_mod, "response_ids", lambda tok, text: seen.append(text) or real(tok, text))
+
+    def classes(**kwargs) -> tuple[set[str], int, float]:
+        seen.clear()
+        res = continue_warm_start(cfg, ws, base.output_dir, max_steps=4, **kwargs)
+        shortcuts = sum(t.startswith("Answer:") for t in seen)  # answer_only shortcuts: the answer line alone
+        return {stop_class(t) for t in seen}, shortcuts, res.lr
+
+    habit, habit_shortcuts, habit_lr = classes()
+    assert habit == {"stopped", "run_on"} and habit_shortcuts > 0 and habit_lr == pytest.approx(control_lr(ws))
+    clean, clean_shortcuts, clean_lr = classes(clean=True, lr=3e-4)
+    assert clean == {"stopped"} and clean_shortcuts == 0 and clean_lr == 3e-4
+    assert clean_settings(ws).run_on_frac == 0.0 and clean_settings(ws).scarce_from_ops == ws.scarce_from_ops
+    with pytest.raises(ValueError, match=r"lr \(0\.0\) must be > 0"):
+        continue_warm_start(cfg, ws, base.output_dir, max_steps=1, lr=0.0)
 
 
 def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():

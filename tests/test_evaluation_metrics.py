@@ -19,6 +19,8 @@ from dapo_core.evaluation.metrics import (
     pass_at_k,
     pass_ks,
     reflection_rate,
+    stop_class,
+    stop_metrics,
     truncation_rate,
 )
 
@@ -169,3 +171,53 @@ def test_length_and_truncation():
     assert truncation_rate([True, False, False, False]) == 0.25
     with pytest.raises(ValueError, match="at least one response"):
         length_stats([])
+
+
+@pytest.mark.parametrize(
+    ("text", "cls"),
+    [
+        ("4+5=9\nAnswer: 9", "stopped"),
+        ("4+5=9\nAnswer: 9\n", "stopped"),
+        ("Answer:\n42", "stopped"),  # the scorer's \s* crosses the newline: 42 is the answer line's
+        ("4+5=9\nAnswer: 9\nQ: 2+2?\nAnswer: 4", "run_on"),  # the scorer reads 4: the wrong question's
+        ("Answer: 9 and then some more words", "stopped"),  # the rest of the answer line is the answer line
+        ("Answer: 9\n2*3=6", "run_on"),
+        ("4+5=9\nthe answer is 9", "no_answer"),
+        ("", "no_answer"),
+    ],
+)
+def test_stop_class_on_canned_texts(text, cls):
+    assert stop_class(text) == cls
+
+
+FORMS = {
+    "stopped": "3*4=12\nAnswer: 12",
+    "run_on": "3*4=12\nAnswer: 12\nQ: 1+1?\nAnswer: 2",
+    "no_answer": "3*4=12",
+}
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(FORMS)), st.booleans()), min_size=1, max_size=40))
+def test_stop_metrics_split_the_accuracy(samples):
+    """The rates are the classes' shares; accuracy = stopped_rate * acc_when_stopped + run_on_rate *
+    acc_when_run_on when a response without an answer line is wrong (as the scorer has it)."""
+    texts = [FORMS[c] for c, _ in samples]
+    accs = [a and c != "no_answer" for c, a in samples]
+    m = stop_metrics(texts, accs)
+    n = len(samples)
+    for cls in ("stopped", "run_on"):
+        members = [a for (c, _), a in zip(samples, accs, strict=True) if c == cls]
+        assert m[f"{cls}_rate"] == pytest.approx(len(members) / n)
+        if members:
+            assert m[f"acc_when_{cls}"] == pytest.approx(sum(members) / len(members))
+        else:
+            assert f"acc_when_{cls}" not in m
+    split = sum(m[f"{c}_rate"] * m.get(f"acc_when_{c}", 0.0) for c in ("stopped", "run_on"))
+    assert split == pytest.approx(sum(accs) / n)
+
+
+def test_stop_metrics_rejects_mismatched_inputs():
+    with pytest.raises(ValueError, match="one entry per response"):
+        stop_metrics(["Answer: 1"], [True, False])
+    with pytest.raises(ValueError, match="at least one response"):
+        stop_metrics([], [])

@@ -142,6 +142,11 @@ def test_scripted_rollouts_give_exact_metrics(aime):
     assert m["val/math_dapo/response_length/max"] == MAX_NEW
     assert m["val/math_dapo/reflection_rate"] == pytest.approx(10 / (30 * K))
     assert m["val/math_dapo/num_problems"] == 30
+    # the stop split: every scripted answer ends its response (none runs on); the cut ones give no answer line
+    answered = 30 * K - cut
+    assert m["val/math_dapo/stop/stopped_rate"] == pytest.approx(answered / (30 * K))
+    assert m["val/math_dapo/stop/run_on_rate"] == 0.0 and "val/math_dapo/stop/acc_when_run_on" not in m
+    assert m["val/math_dapo/stop/acc_when_stopped"] == pytest.approx(sum(i % 5 for i in range(30)) / answered)
     rows = report.rows()
     assert len(rows) == 30 and {"uid", "pass_at_1", "maj_at_4", "maj_pred", "sample_text"} <= set(rows[0])
 

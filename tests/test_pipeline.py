@@ -57,7 +57,12 @@ def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch, prefect_api):
     exp = client.get_run(parent).info.experiment_id
     children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
     by_name = {r.info.run_name: r for r in children}
-    assert set(by_name) == {"curate", "base_model", "evaluate-base_model", "tiny-dapo", "evaluate-tiny-dapo"}
+    controls = ("sft-control", "sft-control-clean")  # the recipe's control.pipeline
+    assert tuple(cfg.control.pipeline) == controls
+    assert set(by_name) == {
+        "curate", "base_model", "evaluate-base_model", "tiny-dapo", "evaluate-tiny-dapo",
+        *(f"{c}-tiny-dapo" for c in controls), *(f"evaluate-{c}-tiny-dapo" for c in controls),
+    }  # fmt: skip
     assert all(r.info.status == "FINISHED" for r in children)
 
     # the data version flows from curation to training to evaluation
@@ -82,3 +87,29 @@ def test_short_pipeline_connects_the_stages(tmp_path, monkeypatch, prefect_api):
     pipeline_metrics = client.get_run(parent).data.metrics
     assert pipeline_metrics["pipeline/base_acc"] == pytest.approx(summary["base_acc"])
     assert pipeline_metrics["pipeline/final_acc"] == pytest.approx(summary["final_acc"])
+
+    # the controls: each the base model given the RL run's training CPU seconds of SFT, evaluated like the policy
+    cpu = sum(m.value for m in client.get_metric_history(train_run.info.run_id, "perf/cpu_time_per_step"))
+    assert cpu > 0 and [c["name"] for c in summary["controls"]] == list(controls)
+    for c in summary["controls"]:
+        assert c["budget_kind"] == "cpu" and c["budget_s"] == pytest.approx(cpu) and c["cpu_s"] >= cpu, c["name"]
+        assert c["steps"] >= 1 and c["output_dir"] == str(tmp_path / f"outputs/controls-tiny-dapo/{c['name']}")
+        ev = by_name[f"evaluate-{c['name']}-tiny-dapo"]
+        assert ev.data.tags["eval.model_path"].endswith(f"outputs/controls-tiny-dapo/{c['name']}")
+        assert (
+            ev.data.metrics[key]
+            == pytest.approx(c["acc"])
+            == pytest.approx(pipeline_metrics[f"pipeline/{c['name']}_acc"])
+        )
+        assert c["stop"]["stop/stopped_rate"] == pytest.approx(ev.data.metrics["val/synthetic/stop/stopped_rate"])
+    lrs = {c["name"]: c["lr"] for c in summary["controls"]}
+    assert (
+        lrs["sft-control-clean"] == pytest.approx(cfg.control.clean_lr)
+        and lrs["sft-control"] != lrs["sft-control-clean"]
+    )
+    # the stop split of the base model and the policy, as their evaluations logged it
+    assert summary["base_stop"]["stop/stopped_rate"] == pytest.approx(
+        base_eval.data.metrics["val/synthetic/stop/stopped_rate"]
+    )
+    final_eval = by_name["evaluate-tiny-dapo"].data.metrics
+    assert summary["final_stop"]["stop/run_on_rate"] == pytest.approx(final_eval["val/synthetic/stop/run_on_rate"])

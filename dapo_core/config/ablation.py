@@ -10,7 +10,8 @@ Every rung sets every key of ``LADDER_KEYS``, so a rung means the same thing wha
 last rung (``dapo``) sets each key to the recipe's own value: it *is* the recipe. The rungs are cumulative, as in
 Table 1 (AIME 2024 avg@32, Qwen2.5-32B): GRPO 30 -> +overlong filtering 36 -> +clip-higher 38 -> +soft overlong
 punishment 41 -> +token-level loss 42 -> +dynamic sampling 50. A supervised control (``sft-control``) closes the
-table: the same base model given the dapo rung's training time of continued supervised training.
+table: the same base model given the dapo rung's training time of continued supervised training, on the warm
+start's own demonstrations (``sft-control``) and on clean ones (``sft-control-clean``).
 
 DAPO's successors can stand beside the ladder (``build_ladder(cfg, rungs=[..., "gspo"])``, ``dapo ablation --rungs``):
 ``gspo``, ``cispo`` and ``gmpo`` are the dapo rung with that objective instead of PPO-clip (their bounds from the
@@ -39,7 +40,9 @@ LADDER_KEYS: tuple[str, ...] = (
     "algorithm.norm_adv_by_std",
 )
 
-SFT_CONTROL = "sft-control"
+SFT_CONTROL = "sft-control"  # continued SFT on the warm start's own demonstrations (habits included)
+SFT_CONTROL_CLEAN = "sft-control-clean"  # continued SFT on clean demonstrations (they stop at the answer line)
+CONTROL_RUNGS: tuple[str, ...] = (SFT_CONTROL, SFT_CONTROL_CLEAN)
 RUNG_NAMES: tuple[str, ...] = (
     "grpo",
     "overlong-filtering",
@@ -48,9 +51,9 @@ RUNG_NAMES: tuple[str, ...] = (
     "token-level-loss",
     "dapo",
 )
-ALL_RUNGS: tuple[str, ...] = (*RUNG_NAMES, SFT_CONTROL)  # the default plan: Table 1 and the control
+ALL_RUNGS: tuple[str, ...] = (*RUNG_NAMES, *CONTROL_RUNGS)  # the default plan: Table 1 and the controls
 SUCCESSOR_RUNGS: tuple[str, ...] = ("gspo", "cispo", "gmpo", "dr-grpo")  # beside the ladder (issue 17)
-KNOWN_RUNGS: tuple[str, ...] = (*RUNG_NAMES, *SUCCESSOR_RUNGS, SFT_CONTROL)
+KNOWN_RUNGS: tuple[str, ...] = (*RUNG_NAMES, *SUCCESSOR_RUNGS, *CONTROL_RUNGS)
 
 # DAPO paper, Table 1: AIME 2024 avg@32 of Qwen2.5-32B after each cumulative technique.
 PAPER_AIME: dict[str, float] = {
@@ -71,6 +74,9 @@ EVIDENCE_KEYS: tuple[str, ...] = (
     "actor/entropy",
     "response_length/mean",
 )
+# The stop split of each final model's evaluation (``metrics.stop_metrics``), every rung and control: the share of
+# responses that stop at their answer line and the accuracy of those (the arithmetic), apart from stopping.
+STOP_KEYS: tuple[str, ...] = ("stop/stopped_rate", "stop/acc_when_stopped")
 
 REGIMES: tuple[str, ...] = ("tuned", "aggressive")
 # The aggressive regime's default lr: this many times the recipe's trainer.lr, the lowest multiple at which GRPO
@@ -173,8 +179,8 @@ def check_dapo_recipe(cfg: DapoConfig) -> None:
 
 def build_ladder(cfg: DapoConfig, rungs: Sequence[str] | None = None) -> list[Rung]:
     """The six cumulative rungs of Table 1, from GRPO up to the recipe itself (see the module doc); with ``rungs``
-    (names from ``parse_rungs``), those rungs in that order, successors included (``sft-control`` is not a
-    training rung and is skipped here)."""
+    (names from ``parse_rungs``), those rungs in that order, successors included (the controls are not
+    training rungs and are skipped here)."""
     check_dapo_recipe(cfg)
     recipe = recipe_settings(cfg)
     grpo = {
@@ -220,7 +226,7 @@ def build_ladder(cfg: DapoConfig, rungs: Sequence[str] | None = None) -> list[Ru
         return ladder
     beside = _successor_rungs(ladder[0], ladder[-1])
     by_name = {r.name: r for r in [*ladder, *beside]}
-    return [by_name[n] for n in parse_rungs(rungs) if n != SFT_CONTROL]
+    return [by_name[n] for n in parse_rungs(rungs) if n not in CONTROL_RUNGS]
 
 
 def _successor_rungs(grpo: Rung, dapo: Rung) -> list[Rung]:
@@ -243,7 +249,7 @@ def _successor_rungs(grpo: Rung, dapo: Rung) -> list[Rung]:
 
 def parse_rungs(text: str | Sequence[str]) -> list[str]:
     """``"grpo,dapo,gspo,sft-control"`` (or a list) -> validated rung names in the given order, without repeats.
-    ``sft-control`` needs ``dapo`` (its time budget is the dapo rung's training time)."""
+    Each control (``sft-control``, ``sft-control-clean``) needs ``dapo`` (its budget is the dapo rung's training time)."""
     items = text.split(",") if isinstance(text, str) else list(text)
     names = list(dict.fromkeys(n.strip() for n in items if n.strip()))
     unknown = [n for n in names if n not in KNOWN_RUNGS]
@@ -252,10 +258,11 @@ def parse_rungs(text: str | Sequence[str]) -> list[str]:
             f"--rungs {text!r}: unknown rung(s) {unknown or '(none given)'}; valid: {', '.join(KNOWN_RUNGS)} "
             "(comma-separated, e.g. --rungs grpo,dapo,gspo,sft-control)"
         )
-    if SFT_CONTROL in names and "dapo" not in names:
+    controls = [n for n in names if n in CONTROL_RUNGS]
+    if controls and "dapo" not in names:
         raise ValueError(
-            f"--rungs {text!r}: {SFT_CONTROL} spends the dapo rung's training time, so it needs dapo among the "
-            f"rungs: add dapo, or leave {SFT_CONTROL} out"
+            f"--rungs {text!r}: {', '.join(controls)} spend(s) the dapo rung's training time, so it needs dapo "
+            f"among the rungs: add dapo, or leave {', '.join(controls)} out"
         )
     return names
 

@@ -24,6 +24,7 @@ from dapo_core.config.algorithm import (
     algorithm_problems,
 )
 from dapo_core.config.checks import batch_problems, engine_problems, length_problems
+from dapo_core.config.control import ControlConfig
 from dapo_core.config.rollout import RolloutConfig, rollout_problems
 from dapo_core.config.section import _Section
 from dapo_core.data.curate import CurationConfig
@@ -350,6 +351,9 @@ class DapoConfig(_Section):
     )
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig, description="pass@k list, reflection phrases, metrics file (evaluate)."
+    )
+    control: ControlConfig = Field(
+        default_factory=ControlConfig, description="The supervised controls RL is compared with (pipeline, ablation)."
     )
 
     @model_validator(mode="after")

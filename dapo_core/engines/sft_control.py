@@ -1,7 +1,9 @@
-"""The supervised control of the learning claim: continue the warm start for the wall time RL was given.
+"""The supervised controls of the learning claim: continue the warm start for the time RL was given.
 
-RL must beat this to matter: the same base model, the same time, spent
-on more supervised training instead of DAPO. The control sees exactly the demonstrations the warm start had —
+RL must beat these to matter: the same base model, the same time, spent on more supervised training instead of
+DAPO. Two controls: ``sft-control`` continues on the warm start's own demonstrations, habits included (the paper's
+situation: no better demonstrations exist); ``sft-control-clean`` (``clean=True``) on clean ones, which stop at
+their answer line (where such demonstrations exist, it is the control to beat). The control sees exactly the demonstrations the warm start had —
 it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
 task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
 at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks
@@ -20,7 +22,7 @@ import itertools
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -56,6 +58,7 @@ class ControlResult:
     tokenizer: PreTrainedTokenizerBase
     output_dir: Path | None = None
     cpu_s: float = 0.0
+    lr: float = 0.0  # the constant lr after the warm-up
 
 
 def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[str]:
@@ -70,6 +73,18 @@ def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[
         )
         banned |= {p.question for p in probe}
     return banned
+
+
+def control_lr(ws: WarmStartConfig) -> float:
+    """The lr the warm start's schedule ended on (``lr * min_lr_ratio``; a tenth of ``lr`` without a floor)."""
+    return ws.lr * ws.min_lr_ratio if ws.min_lr_ratio > 0 else ws.lr * 0.1
+
+
+def clean_settings(ws: WarmStartConfig) -> WarmStartConfig:
+    """``ws`` with clean demonstrations: each one works its problem and stops at its answer line (no run-on to a
+    next question, no answer stated before the work). What the task covers (operation counts, the scarce and
+    limited sets of worked solutions) stays as configured: clean is about how demonstrations end, not which exist."""
+    return replace(ws, run_on_frac=0.0, shortcut_frac=0.0)
 
 
 def stream_offset(ws: WarmStartConfig, seed: int) -> int:
@@ -91,6 +106,8 @@ def continue_warm_start(
     exclude: Collection[str] = (),
     output_dir: str | Path | None = None,
     seed: int = 1,
+    lr: float | None = None,
+    clean: bool = False,
 ) -> ControlResult:
     """Continue supervised training of the model in ``base_dir`` on the warm start's demonstrations.
 
@@ -101,6 +118,10 @@ def continue_warm_start(
     responses. The batches skipped are drawn before the budget's clock starts. Stops after
     ``max_steps``, ``time_budget_s`` wall seconds or ``cpu_budget_s`` seconds of this process's CPU time (all its
     threads; other jobs on the machine inflate it less than wall time), whichever comes first (one of them is required).
+
+    ``lr``: the constant lr after the warm-up (default: where the warm start's schedule ended, ``control_lr``).
+    ``clean``: the same stream with every demonstration clean (``clean_settings``: no run-on past the answer line,
+    no answer before the work); the scarce and limited sets stay as they are.
     """
     if time_budget_s is None and cpu_budget_s is None and max_steps is None:
         raise ValueError(
@@ -114,11 +135,15 @@ def continue_warm_start(
         raise ValueError(f"max_steps ({max_steps}) must be >= 1")
     if seed < 1:
         raise ValueError(f"seed ({seed}) must be >= 1: seed 1 continues the stream right after the warm start")
+    if lr is not None and lr <= 0:
+        raise ValueError(f"lr ({lr}) must be > 0 (null: the warm start's final lr, {control_lr(ws):g})")
+    if clean:
+        ws = clean_settings(ws)
     start = time.perf_counter()
     device = resolve_device(cfg.trainer.device)
     model = load_model(str(base_dir), dtype=cfg.model.dtype, device=device)
     tokenizer = load_tokenizer(str(base_dir))
-    lr = ws.lr * ws.min_lr_ratio if ws.min_lr_ratio > 0 else ws.lr * 0.1
+    lr = control_lr(ws) if lr is None else lr
     optim = OptimConfig(
         lr=lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=CONTROL_WARMUP_STEPS,
         scheduler="constant", total_steps=max_steps or 1,
@@ -155,5 +180,12 @@ def continue_warm_start(
     wall, cpu = time.perf_counter() - start, time.process_time() - c0
     logger.info("supervised control: %d steps at lr %g in %.1f s, %.1f CPU s (loss %.4f)", steps, lr, wall, cpu, loss)
     return ControlResult(
-        steps=steps, wall_s=wall, final_loss=loss, model=model, tokenizer=tokenizer, output_dir=saved, cpu_s=cpu
+        steps=steps,
+        wall_s=wall,
+        final_loss=loss,
+        model=model,
+        tokenizer=tokenizer,
+        output_dir=saved,
+        cpu_s=cpu,
+        lr=lr,
     )

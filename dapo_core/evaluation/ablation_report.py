@@ -27,7 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dapo_core.config.ablation import EVIDENCE_KEYS, PAPER_AIME, RUNG_NAMES, SFT_CONTROL, SUCCESSOR_RUNGS
+from dapo_core.config.ablation import (
+    CONTROL_RUNGS,
+    EVIDENCE_KEYS,
+    PAPER_AIME,
+    RUNG_NAMES,
+    SFT_CONTROL,
+    SFT_CONTROL_CLEAN,
+    STOP_KEYS,
+    SUCCESSOR_RUNGS,
+)
 
 NOISE_SIGMAS = 2.0  # a difference counts when mean - 2 std of the per-seed differences is above 0
 TIE = 1e-9  # accuracies closer than this are equal (avg@k of the same problems is a ratio of small integers)
@@ -41,6 +50,11 @@ EVIDENCE_LABELS = {
     "train/kept_groups_frac": "kept",
     "actor/entropy": "entropy",
     "response_length/mean": "len",
+}
+STOP_LABELS = {"stop/stopped_rate": "stops", "stop/acc_when_stopped": "acc if stops"}
+CONTROL_LABELS = {
+    SFT_CONTROL: "DAPO − sft-control (same time, supervised on the warm start's demonstrations)",
+    SFT_CONTROL_CLEAN: "DAPO − sft-control-clean (same time, supervised on clean demonstrations)",
 }
 
 
@@ -95,7 +109,7 @@ def summarize_rung(name: str, per_seed: Sequence[Mapping[str, Any]]) -> dict[str
         "wall_s_seeds": [r.get("wall_s") for r in per_seed],
         "curve": mean_curve([r["curve"] for r in per_seed if r.get("curve")]),
     }
-    for key in EVIDENCE_KEYS:
+    for key in (*EVIDENCE_KEYS, *STOP_KEYS):
         entry[key] = _mean([r.get(key) for r in per_seed])
     for key in sorted({k for r in per_seed for k in r} - set(entry) - {"acc", "seed", "curve"}):
         entry[key] = [r.get(key) for r in per_seed]  # anything else (run ids, budgets): one value per seed
@@ -140,6 +154,7 @@ def _evidence_cell(key: str, value: float | None) -> str:
 
 def _table(regime: Mapping[str, Any]) -> list[str]:
     head = ["rung", "paper AIME", "mean ± std", "seeds", "wall s", *(EVIDENCE_LABELS[k] for k in EVIDENCE_KEYS)]
+    head += [STOP_LABELS[k] for k in STOP_KEYS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in regime["rungs"]:
         paper = "–" if r.get("paper_aime") is None else f"{r['paper_aime']:.0f}"
@@ -147,6 +162,7 @@ def _table(regime: Mapping[str, Any]) -> list[str]:
         seeds = ", ".join(f"{v:.3f}" for v in r["seeds"])
         cells = [r["name"], paper, spread, seeds, _fmt(r.get("wall_s"), ".0f")]
         cells += [_evidence_cell(k, r.get(k)) for k in EVIDENCE_KEYS]
+        cells += [_pct(r.get(k)) for k in STOP_KEYS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -175,7 +191,7 @@ def findings(results: Mapping[str, Any]) -> list[str]:
         ladder = [r for r in regime["rungs"] if r["name"] in RUNG_NAMES]
         if not ladder:
             continue
-        ranked = [r for r in regime["rungs"] if r["name"] != SFT_CONTROL]  # the ladder and any successors
+        ranked = [r for r in regime["rungs"] if r["name"] not in CONTROL_RUNGS]  # the ladder and any successors
         top = max(r["mean"] for r in ranked)
         best = [r["name"] for r in ranked if math.isclose(r["mean"], top, abs_tol=TIE)]
         lead = f"best rung {best[0]}" if len(best) == 1 else f"tied best ({len(best)} rungs): {', '.join(best)}"
@@ -317,7 +333,9 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     ]
     meta = [f"{key} {results[key]}" for key in ("recipe", "steps", "date") if results.get(key) is not None]
     if results.get("base_acc") is not None:
-        meta.append(f"base model {results['base_acc']:.3f}")
+        stop = results.get("base_stop") or {}
+        split = ", ".join(f"{STOP_LABELS[key]} {_pct(stop[key])}" for key in STOP_KEYS if key in stop)
+        meta.append(f"base model {results['base_acc']:.3f}" + (f" ({split})" if split else ""))
     if meta:
         lines += ["", "; ".join(meta) + "."]
     lines += ["", provenance_line({**code_provenance(results), **_given_provenance(results)})]
@@ -327,9 +345,10 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
         lines += ["", f"## {name} (lr {regime['lr']:g})", "", *_table(regime), ""]
         if "dapo" in rungs and "grpo" in rungs:
             lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"]), kk))
-        if "dapo" in rungs and SFT_CONTROL in rungs:
-            diff = paired_difference(rungs["dapo"], rungs[SFT_CONTROL])
-            lines.append("- " + difference_line("DAPO − sft-control (same time, supervised)", diff, kk))
+        for control in CONTROL_RUNGS:
+            if "dapo" in rungs and control in rungs:
+                diff = paired_difference(rungs["dapo"], rungs[control])
+                lines.append("- " + difference_line(CONTROL_LABELS[control], diff, kk))
         for succ in SUCCESSOR_RUNGS:
             ref = "grpo" if succ == "dr-grpo" else "dapo"
             if succ in rungs and ref in rungs:
@@ -344,9 +363,16 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
             " sft-control: the base model given the dapo rung's training time (same seed: the CPU seconds of its "
             "training steps, perf/cpu_time_per_step summed, which other jobs on the machine inflate less than wall "
             "time (~1.7x against ~2.3x under full contention); wall time with the Ray executor) of continued "
-            "supervised training."
-            if SFT_CONTROL in names
+            "supervised training, on the warm start's own demonstrations (habits included: the paper's situation, "
+            "no better demonstrations exist); sft-control-clean: the same on clean demonstrations that stop at their "
+            "answer line (where such demonstrations exist, the control to beat)."
+            if names & set(CONTROL_RUNGS)
             else ""
+        )
+        + (
+            f" Stop split of each final model's responses: {STOP_LABELS['stop/stopped_rate']} = the share that stop "
+            f"at their first answer line (the rest run on past it or give none), {STOP_LABELS['stop/acc_when_stopped']}"
+            " = the accuracy of those (the arithmetic, apart from stopping)."
         ),
         "",
         "## What the curves show",
@@ -374,8 +400,9 @@ def plot_ablation(results: Mapping[str, Any], out_path: str | Path) -> Path:
     fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.5), squeeze=False, sharey=True)
     for ax, (name, regime) in zip(axes.flat, regimes.items(), strict=True):
         for r in regime["rungs"]:
-            if r["name"] == SFT_CONTROL:
-                ax.axhline(r["mean"], color="black", linestyle="--", label=f"{SFT_CONTROL} (final model, same time)")
+            if r["name"] in CONTROL_RUNGS:
+                style = "--" if r["name"] == SFT_CONTROL else "-."
+                ax.axhline(r["mean"], color="black", linestyle=style, label=f"{r['name']} (final model, same time)")
             elif r.get("curve"):
                 steps, values = zip(*r["curve"], strict=True)
                 ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=r["name"])

@@ -210,3 +210,43 @@ def truncation_rate(truncated: Sequence[bool]) -> float:
     if not truncated:
         raise ValueError("truncated is empty: the truncation rate needs at least one response")
     return sum(bool(t) for t in truncated) / len(truncated)
+
+
+# The first answer line of a response: "Answer:" and the rest of its line (``\s*`` may cross one newline, as the
+# scorer's pattern does, so "Answer:\n42" ends after "42").
+_FIRST_ANSWER_LINE = re.compile(r"(?i)Answer\s*:[^\S\n]*\n?[^\n]*")
+STOP_CLASSES: tuple[str, ...] = ("stopped", "run_on", "no_answer")
+
+
+def stop_class(text: str) -> str:
+    """Where a response ends, relative to its first answer line: ``stopped`` (nothing but whitespace after it),
+    ``run_on`` (it goes on after it, e.g. to another question: the scorer then reads a later answer line) or
+    ``no_answer`` (no answer line at all).
+
+        stop_class("4+5=9\\nAnswer: 9")                  # "stopped"
+        stop_class("Answer: 9\\nQ: 2+2?\\nAnswer: 4")      # "run_on"
+    """
+    m = _FIRST_ANSWER_LINE.search(text)
+    if m is None:
+        return "no_answer"
+    return "stopped" if not text[m.end() :].strip() else "run_on"
+
+
+def stop_metrics(texts: Sequence[str], accs: Sequence[bool]) -> dict[str, float]:
+    """How much of a policy's accuracy is stopping and how much is arithmetic: the share of responses that stop at
+    their first answer line (``stopped_rate``) or run on past it (``run_on_rate``), and the accuracy within each
+    (``acc_when_stopped``, ``acc_when_run_on``; left out when no response is in the class). Overall accuracy =
+    stopped_rate * acc_when_stopped + run_on_rate * acc_when_run_on (a response without an answer line is wrong).
+    """
+    if len(texts) != len(accs):
+        raise ValueError(f"texts ({len(texts)}) and accs ({len(accs)}) must have one entry per response")
+    if not texts:
+        raise ValueError("texts is empty: stop metrics need at least one response")
+    classes = [stop_class(t) for t in texts]
+    out: dict[str, float] = {}
+    for name, label in (("stopped", "stopped"), ("run_on", "run_on")):
+        hits = [bool(a) for c, a in zip(classes, accs, strict=True) if c == label]
+        out[f"{name}_rate"] = len(hits) / len(texts)
+        if hits:
+            out[f"acc_when_{name}"] = sum(hits) / len(hits)
+    return out

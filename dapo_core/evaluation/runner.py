@@ -15,7 +15,9 @@ agree on the ground truth.
 
 Metric names (per data source, DESIGN.md "Metric names"): ``val/<ds>/acc/mean_at_<n>``, ``pass_at_<k>`` and
 ``maj_at_<k>`` for each reported k, and ``val/<ds>/response_length/{mean,max,min,clip_ratio}``,
-``val/<ds>/reflection_rate``, ``val/<ds>/num_problems``.
+``val/<ds>/reflection_rate``, ``val/<ds>/num_problems``, and the stop split ``val/<ds>/stop/{stopped_rate,
+run_on_rate,acc_when_stopped,acc_when_run_on}`` (``metrics.stop_metrics``: how much of the accuracy is stopping at
+the answer line and how much is arithmetic).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dapo_core.evaluation.metrics import (
     majority_vote,
     pass_at_k,
     pass_ks,
+    stop_metrics,
     truncation_rate,
 )
 from dapo_core.rewards import ScoredBatch, score_batch
@@ -225,8 +228,10 @@ def source_metrics(
     data_source: str,
     n: int,
     ks: Sequence[int],
+    accs: Sequence[bool] | None = None,
 ) -> dict[str, float]:
-    """Metrics of one data source: problem means of avg@n / pass@k / maj@k, response-level length stats."""
+    """Metrics of one data source: problem means of avg@n / pass@k / maj@k, response-level length stats; with
+    ``accs`` (one per response), the stop split ``val/<ds>/stop/*`` (``metrics.stop_metrics``)."""
     num = len(problems)
 
     def mean(values: Iterable[float]) -> float:
@@ -242,6 +247,9 @@ def source_metrics(
     out[val_key(data_source, "response_length/clip_ratio")] = truncation_rate([r.truncated for r in results])
     out[val_key(data_source, "reflection_rate")] = sum(reflective) / len(reflective)
     out[val_key(data_source, "num_problems")] = float(num)
+    if accs is not None:
+        split = stop_metrics([r.text for r in results], accs)
+        out.update({val_key(data_source, f"stop/{name}"): v for name, v in split.items()})
     return out
 
 
@@ -339,6 +347,7 @@ def evaluate(
                 data_source=ds,
                 n=k,
                 ks=report_ks,
+                accs=[bool(scored.results[s]["acc"]) for s in samples],
             )
         )
     return EvalReport(
@@ -352,3 +361,27 @@ def evaluate(
         num_prompts_truncated=sum(cut for _, cut in encoded),
         data_sources=sources,
     )
+
+
+def stop_split(metrics: dict[str, float]) -> dict[str, float]:
+    """The stop split over every data source of an evaluation's ``metrics`` (``val/<ds>/stop/*``), as
+    ``{"stop/stopped_rate", "stop/run_on_rate", "stop/acc_when_stopped", "stop/acc_when_run_on"}``: rates weighted
+    by each source's problems (every problem has n responses), accuracies by each source's responses in the
+    class. Empty when the metrics hold no stop split; a class no response fell in is left out."""
+    sources = [k[len("val/") : -len("/stop/stopped_rate")] for k in metrics if k.endswith("/stop/stopped_rate")]
+    out: dict[str, float] = {}
+    weights = {ds: metrics.get(val_key(ds, "num_problems"), 1.0) for ds in sources}
+    total = sum(weights.values())
+    for cls in ("stopped", "run_on"):
+        in_class = {ds: weights[ds] * metrics[f"val/{ds}/stop/{cls}_rate"] for ds in sources}
+        if not sources:
+            continue
+        out[f"stop/{cls}_rate"] = sum(in_class.values()) / total
+        accs = {
+            ds: metrics[f"val/{ds}/stop/acc_when_{cls}"] for ds in sources if f"val/{ds}/stop/acc_when_{cls}" in metrics
+        }
+        if accs and sum(in_class[ds] for ds in accs) > 0:
+            out[f"stop/acc_when_{cls}"] = sum(in_class[ds] * a for ds, a in accs.items()) / sum(
+                in_class[ds] for ds in accs
+            )
+    return out
