@@ -1,5 +1,5 @@
-# Quiet and offline defaults for every tool (measured in shared/stack/NOTES.md). The `dapo` CLI sets the same
-# values itself (dapo_core/env.py), so running it outside make behaves the same.
+# Quiet and offline defaults for every tool. The `dapo` CLI sets the same values itself (dapo_core/env.py, which
+# says beside each why it is needed), so running it outside make behaves the same.
 PREFECT_HOME ?= $(CURDIR)/.prefect
 PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120

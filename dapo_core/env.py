@@ -1,6 +1,6 @@
 """Quiet, offline-capable defaults for the tools dapo-flow drives (Prefect, MLflow, DVC, Ray, Hugging Face).
 
-The values and why each is needed are measured in the shared stack notes; the Makefile's env.mk sets the same
+Each value was measured to be needed here; the comment beside it says why. The Makefile's env.mk sets the same
 ones. Every variable is set with `os.environ.setdefault`, so anything the user exported wins.
 
     from dapo_core.env import apply_quiet_env

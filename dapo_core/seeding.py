@@ -1,6 +1,6 @@
 """Seeds derived from the root seed and a position, so every executor draws the same samples.
 
-DESIGN.md: every sample's seed derives from (trainer.seed, step, generation batch, shard). A hash (not
+docs/design.md, "Seeds": every sample's seed derives from (trainer.seed, step, generation batch, shard). A hash (not
 ``seed + step``) keeps neighbouring positions from sharing streams.
 """
 

@@ -23,7 +23,8 @@ from tasks import tracking
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_OUTPUT_DIR = "outputs/base_model"  # DESIGN.md: the fixed output path of the base_model stage
+# the base_model stage's fixed output (docs/design.md, "Stage outputs and raw data")
+DEFAULT_OUTPUT_DIR = "outputs/base_model"
 RUN_NAME = "base_model"
 
 

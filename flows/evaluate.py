@@ -29,7 +29,8 @@ from tasks import tracking
 from tasks.data import dvc_recorded_md5
 from tasks.train_logging import file_digest
 
-DEFAULT_METRICS_PATH = "metrics/eval.json"  # DESIGN.md: the evaluate stage's fixed output
+# the evaluate stage's fixed output (docs/design.md, "Stage outputs and raw data")
+DEFAULT_METRICS_PATH = "metrics/eval.json"
 DEFAULT_COMPARE_DIR = "outputs/compare"
 
 

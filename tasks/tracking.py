@@ -1,9 +1,10 @@
 """MLflow bookkeeping used by every flow: one place for the tracking URI, runs, params, batched metrics, tags.
 
 All tracking code lives in ``tasks/`` (dapo_core never imports MLflow); reading runs back (metric histories,
-tags, status) and the resume's metric truncation are in ``tasks.tracking_store``. Defaults (DESIGN.md): a SQLite store
-``sqlite:///mlflow.db`` and artifacts under ``./mlartifacts``, overridden by ``MLFLOW_TRACKING_URI`` /
-``tracking.uri``. Metrics of one step go in one ``log_batch`` call (1,000 single calls take ~3.5 s here).
+tags, status) and the resume's metric truncation are in ``tasks.tracking_store``. Defaults (docs/design.md,
+"Tracking defaults"): a SQLite store ``sqlite:///mlflow.db`` and artifacts under ``./mlartifacts``, overridden by
+``MLFLOW_TRACKING_URI`` / ``tracking.uri``. Metrics of one step go in one ``log_batch`` call (1,000 single calls
+take ~3.5 s here).
 
 Experiments are created as model-training experiments (tag ``mlflow.experimentKind`` =
 ``custom_model_development``). MLflow 3.17's UI picks its view from a global "GenAI / Model training" switch

@@ -1,5 +1,5 @@
-"""Builders shared by the tests/test_data_*.py modules (imported by them, not a pytest conftest): messy sources
-with one row of every bad class, in-memory sources, the AIME file location (../shared; absent -> skip, or fail when CI is set)."""
+"""Builders shared by tests/test_data_*.py and test_evaluation_runner.py (imported by them, not a pytest conftest):
+messy sources with one row of every bad class, in-memory sources, and the real AIME-2024 file (``aime_path``)."""
 
 from __future__ import annotations
 
@@ -16,18 +16,42 @@ from dapo_core.data.loaders import Column, ColumnBuilder, SourceRows
 from dapo_core.data.templates import DAPO_TEMPLATE
 
 REPO = Path(__file__).resolve().parents[1]
-AIME = REPO.parent / "shared" / "data" / "aime-2024.parquet"
+AIME_ENV = "DAPO_AIME_PARQUET"  # where the real AIME-2024 file is, when not at AIME_DEFAULT
+AIME_DEFAULT = REPO / "data" / "aime-2024.parquet"  # git-ignored: each user supplies their own copy
 LONG = "x" * 200  # a problem longer than the tests' max_prompt_length (counted in characters)
 LONG_2 = "y" * 200  # another one (the same long problem in two files would be a duplicate)
 
 
+def aime_location() -> Path:
+    """Where the AIME-2024 file should be: ``$DAPO_AIME_PARQUET`` when set, else ``data/aime-2024.parquet`` under
+    the repository root."""
+    value = os.environ.get(AIME_ENV, "").strip()
+    return Path(value).expanduser() if value else AIME_DEFAULT
+
+
+def aime_missing_message(path: Path) -> str:
+    """What is missing and how to supply it: the skip's reason, and the start of the failure's under CI."""
+    where = (
+        f"{AIME_ENV} is set to {path}, which is not a file"
+        if os.environ.get(AIME_ENV, "").strip()
+        else f"no file at {path}"
+    )
+    return (
+        f"AIME-2024 parquet missing: {where}. These tests read the file the DAPO authors publish as "
+        f"eval/aime-2024.parquet (960 rows, verl schema): put a copy at {AIME_DEFAULT}, or set {AIME_ENV} to "
+        "the path of one."
+    )
+
+
 def aime_path() -> Path:
-    """The shared AIME-2024 file; skip when it is absent, but fail in CI (where it must be present)."""
-    if not AIME.is_file():
+    """The real AIME-2024 file; when it is missing, skip the test, or fail it when CI is set (CI must have it)."""
+    path = aime_location()
+    if not path.is_file():
+        message = aime_missing_message(path)
         if os.environ.get("CI"):
-            pytest.fail(f"{AIME} is missing; CI needs ../shared/data/aime-2024.parquet next to the clone")
-        pytest.skip(f"{AIME} not present")
-    return AIME
+            pytest.fail(f"{message} CI is set, so this fails instead of skipping.", pytrace=False)
+        pytest.skip(message)
+    return path
 
 
 def char_count(texts: list[str]) -> list[int]:

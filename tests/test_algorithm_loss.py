@@ -149,7 +149,7 @@ def test_empty_mask_gives_zero_loss_and_zero_grad():
         assert all(math.isfinite(v) for v in m.values())
 
 
-# ---- properties (STYLE.md) ----
+# ---- properties (docs/design.md, "Tests") ----
 
 seeds = st.integers(min_value=0, max_value=10_000)
 

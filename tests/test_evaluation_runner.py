@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import os
 from fractions import Fraction
 from math import comb
-from pathlib import Path
 
 import pytest
+from conftest_data import aime_path
 
 from dapo_core.algorithm.metric_names import val_metric
 from dapo_core.data.schema import ProblemRecord, read_rl_parquet
@@ -17,20 +16,13 @@ from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from dapo_core.evaluation import dedupe_problems, encode_prompt, evaluate
 from dapo_core.rewards import score_batch
 
-ROOT = Path(__file__).resolve().parents[1]
-AIME_CANDIDATES = [ROOT / "shared/data/aime-2024.parquet", ROOT.parent / "shared/data/aime-2024.parquet"]
 K = 4
 MAX_NEW = 64
 
 
 @pytest.fixture(scope="module")
 def aime() -> list[ProblemRecord]:
-    path = next((p for p in AIME_CANDIDATES if p.is_file()), None)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"AIME-2024 fixture missing (looked at {[str(p) for p in AIME_CANDIDATES]}); CI needs it")
-        pytest.skip("AIME-2024 fixture ../shared/data/aime-2024.parquet is absent")
-    return read_rl_parquet(path)
+    return read_rl_parquet(aime_path())  # skips (fails under CI) when the file is missing
 
 
 def script(index: int, sample: int, truth: str) -> tuple[str, bool]:

@@ -1,4 +1,4 @@
-"""MLflow metric names, in one place (DESIGN.md "Metric names"; mirror verl's where verl has one).
+"""MLflow metric names, in one place (docs/design.md, "Metric names"; mirror verl's where verl has one).
 
 MLflow keys allow only letters, digits, ``_ - . / :`` and space, hence ``mean_at_32`` rather than ``mean@32``.
 """

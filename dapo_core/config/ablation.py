@@ -65,7 +65,7 @@ PAPER_AIME: dict[str, float] = {
     "dapo": 50.0,
 }
 
-# Evidence collected per rung: the mean over the run of each logged metric (DESIGN.md "Metric names").
+# Evidence collected per rung: the mean over the run of each logged metric (docs/design.md, "Metric names").
 EVIDENCE_KEYS: tuple[str, ...] = (
     "actor/pg_clipfrac_high",
     "actor/pg_clipfrac_low",

@@ -47,7 +47,8 @@ _OK = len(DROP_REASONS)
 INTEGER_ANSWER = re.compile(r"-?[0-9]+")  # DAPO: integer answers only (fullmatch, ASCII digits)
 EXAMPLES_PER_REASON = 3
 DEFAULT_ABILITY, DEFAULT_STYLE = "MATH", "rule"
-DEFAULT_OUTPUT_DIR = "outputs/curated"  # a DVC stage output: never inside data/ (DESIGN.md)
+# a DVC stage output: never inside data/ (docs/design.md, "Stage outputs and raw data")
+DEFAULT_OUTPUT_DIR = "outputs/curated"
 
 
 class SyntheticDataConfig(BaseModel):

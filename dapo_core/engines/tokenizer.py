@@ -3,7 +3,7 @@
 The tiny task (synthetic arithmetic, DAPO "Answer:" line) needs no sub-word vocabulary: one token per character
 keeps the vocabulary at ~80 entries, so a ~1M-parameter model spends its parameters on the task, not on embeddings.
 
-Two transformers 5 facts shape this module (see the shared stack notes):
+Two transformers 5 facts shape this module (both measured with transformers 5.24):
 
 - a character-level BPE tokenizer needs ``decoders.Fuse()``, otherwise ``decode`` joins tokens with spaces;
 - for a model whose config says ``qwen2``, ``AutoTokenizer`` forces ``Qwen2Tokenizer``, which silently drops the

@@ -13,7 +13,7 @@ its data source plus its raw problem text (``extra_info.raw_problem``), or its p
 is missing; uids (``data_source:index``) are not used alone because indices restart in every file. Copies must
 agree on the ground truth.
 
-Metric names (per data source, DESIGN.md "Metric names"): ``val/<ds>/acc/mean_at_<n>``, ``pass_at_<k>`` and
+Metric names (per data source; docs/design.md, "Metric names"): ``val/<ds>/acc/mean_at_<n>``, ``pass_at_<k>`` and
 ``maj_at_<k>`` for each reported k, and ``val/<ds>/response_length/{mean,max,min,clip_ratio}``,
 ``val/<ds>/reflection_rate``, ``val/<ds>/num_problems``, and the stop split ``val/<ds>/stop/{stopped_rate,
 run_on_rate,acc_when_stopped,acc_when_run_on}`` (``metrics.stop_metrics``: how much of the accuracy is stopping at

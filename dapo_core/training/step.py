@@ -247,7 +247,9 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
 
 
 def batch_metrics(stats: TrainBatchStats, batch: PolicyBatch) -> dict[str, float]:
-    """critic/*, response_length/*, prompt_length/mean, overlong/* of the training batch (DESIGN.md names)."""
+    """The training batch's critic/*, response_length/*, prompt_length/mean and overlong/* metrics.
+
+    Names: docs/design.md, "Metric names"."""
     m: dict[str, float] = {}
     m.update(_stats("critic/score", stats.scores))
     m.update(_stats("critic/rewards", stats.rewards))
