@@ -73,6 +73,8 @@ def _comparison(s: dict) -> list[str]:
     lines = [f"  {name:<{width}}  {acc:.3f}  {_stop(split)}".rstrip() for name, acc, split in rows]
     if s.get("controls"):
         c0 = s["controls"][0]
+        diffs = "; ".join(f"after RL − {c['name']} {s['final_acc'] - c['acc']:+.3f}" for c in s["controls"])
+        lines.append(f"  {diffs} (one seed; `dapo ablation` runs three)")
         lines.append(
             f"  (controls: the base model given RL's {c0['budget_s']:.0f} {c0['budget_kind'].upper()} s of SFT instead; "
             "stop = responses that end at their answer line, acc = their accuracy: the arithmetic apart from stopping)"
