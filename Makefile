@@ -2,6 +2,7 @@
 # Both bootstrap .venv from nothing; re-installation is skipped while pyproject.toml and constraints.txt are unchanged.
 # `make ui` starts the Prefect UI, the MLflow UI and `dapo serve` in the background (logs and PID files in
 # outputs/ui/); `make ui-stop` stops exactly those. Loopback by default: make ui UI_HOST=0.0.0.0 PREFECT_PORT=4300
+# `make docs` serves the documentation site (mkdocs.yml, docs/) at DOCS_ADDR and rebuilds it on every edit.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -17,11 +18,14 @@ BENCH_ARGS ?=
 UI_HOST ?= 127.0.0.1
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
+DOCS_ADDR ?= 127.0.0.1:8000
+# Material for MkDocs prints a banner about its end of life on every build unless this is set
+NO_MKDOCS_2_WARNING ?= 1
 
 include env.mk
 export
 
-.PHONY: run test ui ui-stop screenshots lint format bench clean-venv vllm-venv
+.PHONY: run test ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,16 +56,23 @@ ui: $(STAMP)
 ui-stop:
 	@if test -x $(BIN)/dapo; then $(BIN)/dapo ui stop; else echo "no $(BIN)/dapo: nothing was started by make ui"; fi
 
-# the README's UI screenshots (docs/img/*.png): own servers on free ports and own stores in a temporary directory,
-# two tiny runs started from the Prefect UI's form (~2 min on 2 CPU cores); needs Chromium like the browser test
+docs: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)
+
+# the UI screenshots of docs/pipeline.md and the README (docs/img/*.png): own servers on free ports and own stores
+# in a temporary directory, two tiny runs started from the Prefect UI's form (~2 min on 2 CPU cores); needs Chromium
+# like the browser test
 screenshots: $(STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/python scripts/ui_screenshots.py --out docs/img
 
-# the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh)
+# the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh);
+# the docs build is strict: a broken link or include, or a docs page missing from mkdocs.yml's nav, fails the test
+# (not --quiet: it hides the warnings that --strict counts, and a broken build would pass)
 test: $(STAMP) $(VLLM_STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
+	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
