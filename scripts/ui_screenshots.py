@@ -1,4 +1,4 @@
-"""The README's screenshots of the Prefect and MLflow UIs, taken from the real UIs in headless Chromium.
+"""The UI screenshots of docs/pipeline.md (one is in the README), taken from the real UIs in headless Chromium.
 
     make screenshots                                  # = .venv/bin/python scripts/ui_screenshots.py
     .venv/bin/python scripts/ui_screenshots.py --out /tmp/shots --keep
@@ -116,7 +116,7 @@ def mlflow_run_ids(mlflow_url: str, pipeline_id: str, grpo_id: str) -> tuple[str
 
 
 def screenshots(page: Page, prefect_url: str, mlflow_url: str, out: Path) -> None:
-    """The two runs from the Prefect UI, then the five pages (numbered in the README's order)."""
+    """The two runs from the Prefect UI, then the five pages (numbered in docs/pipeline.md's order)."""
     page.goto(f"{prefect_url}/v2/deployments")
     page.get_by_role("link", name="pipeline", exact=True).wait_for()
 

@@ -118,7 +118,7 @@ def test_tiny_dapo_values():
     assert (a.overlong.buffer_length, a.overlong.penalty_factor, a.clip_c) == (16, 1.0, 10.0)
     assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (1e-4, 4, "constant", 0.0, 1.0)
     assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (16, 8, 8, 2)
-    b = cfg.base_model  # the run-on warm start (README "Does the default run learn?")
+    b = cfg.base_model  # the run-on warm start (docs/results/learning.md)
     assert (b.steps, b.batch_size, b.target_greedy_acc, b.run_on_frac, b.run_on_style) == (
         1200,
         56,
