@@ -2,9 +2,10 @@
 
 Points (tests/reliability/test_crash_points.py kills a real `dapo train` at each and resumes it): ``rollout`` (samples
 generated, not scored), ``update`` (the policy moved, nothing saved or logged), ``logging`` (half of a step's
-metrics logged), ``checkpoint`` (a checkpoint half-written: weights on disk, no trainer state, no COMPLETE marker),
-``between-steps`` (a step done, logged and, when due, saved). Unset (the default), ``fault_point`` costs one
-environment lookup.
+metrics logged: with checkpoints on, while the metrics held for a just-written checkpoint are flushed),
+``checkpoint`` (a checkpoint half-written: weights on disk, no trainer state, no COMPLETE marker), ``between-steps``
+(a step done, its metrics held for the next checkpoint or logged, and, when due, saved). Unset (the default),
+``fault_point`` costs one environment lookup.
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ from dapo_core.training.step import zero_variance_flags
 from tasks import flow_runs, tracking, tracking_store
 from tasks import train as T
 from tasks.train_logging import (
+    HeldMetrics,
     finish_run_artifacts,
-    log_step,
     run_tags,
     validate,
 )
@@ -149,6 +149,7 @@ def run_training(
             RolloutPrefetcher(executor, cfg, train_items, sampler) if cfg.rollout.mode == "one_step_off" else None
         )
         start_step, gen_batches_total, run_id = 0, 0, None
+        held = HeldMetrics(enabled=cfg.trainer.save_freq > 0)  # each step's metrics: logged once per run
         if resume_from is not None:
             meta = executor.load_checkpoint(resume_from["path"])
             start_step = int(meta["step"])
@@ -170,8 +171,10 @@ def run_training(
             if resume_from is not None:
                 if flow_runs.mark_resumed(interrupted):
                     tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
-                removed = tracking_store.truncate_metrics_after(run_id, start_step)
-                plog.info("removed %d metric points logged after step %d by the interrupted run", removed, start_step)
+                # the checkpoint's held points: logged again (MLflow adds nothing it holds) in case the
+                # interrupted run was killed while flushing them; its later points were never logged
+                held.restore(resume_from["meta"].get("held_metrics", []))
+                plog.info("resuming at step %d: %d held step(s) flushed", start_step, held.flush())
             elif cfg.trainer.val_before_train:
                 validate(executor, quote(val_items), quote(cfg), step=0)
 
@@ -186,9 +189,8 @@ def run_training(
                 fault_point("update", step)  # the policy has moved; nothing of this step is saved or logged
                 if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
                     last_metrics.update(validate(executor, quote(val_items), quote(cfg), step=step))
-                # the step's metrics go out before its checkpoint: a kill in between is redone from the previous
-                # checkpoint (resume drops the points after it), so no step is ever missing
-                log_step(last_metrics, step)
+                # held until the checkpoint that covers the step is written (HeldMetrics): logged exactly once
+                held.hold(last_metrics, step)
                 due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
                 if due_save or step == cfg.trainer.total_steps:
                     t0 = time.perf_counter()
@@ -200,11 +202,13 @@ def run_training(
                         "health": health.state_dict(),
                         "prefetched": prefetcher.state_dict() if prefetcher is not None else [],
                         "run_name": run_name,
+                        "held_metrics": held.state(),
                     }
                     path = T.save_checkpoint(executor, ckpt_root, step, meta)
                     tracking.log_artifacts(path, f"checkpoints/{path.name}")
                     last_metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-                    tracking.log_metrics({"timing_s/save_checkpoint": last_metrics["timing_s/save_checkpoint"]}, step)
+                    held.add({"timing_s/save_checkpoint": last_metrics["timing_s/save_checkpoint"]}, step)
+                    held.flush()
                 fault_point("between-steps", step)
                 for hook in PROGRESS_HOOKS:
                     hook(step, cfg.trainer.total_steps, last_metrics)

@@ -245,10 +245,14 @@ def log_params_flat(cfg: DapoConfig, *, run_id: str | None = None) -> dict[str, 
     return flat
 
 
-def log_metrics(metrics: Mapping[str, float], step: int, *, run_id: str | None = None) -> None:
-    """Log one step's metrics in one batched call (non-finite values are dropped with a warning)."""
+def log_metrics(
+    metrics: Mapping[str, float], step: int, *, run_id: str | None = None, timestamp_ms: int | None = None
+) -> None:
+    """Log one step's metrics in one batched call (non-finite values are dropped with a warning). ``timestamp_ms``:
+    the points' time (default now); logging the same points again with the same time adds nothing to an SQL-backed
+    store, local or behind ``mlflow server`` (MLflow skips a point whose key, step, time and value it holds)."""
     rid = _run_id(run_id)
-    now = int(time.time() * 1000)
+    now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
     items = []
     for k, v in sorted(metrics.items()):
         value = float(v)

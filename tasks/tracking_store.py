@@ -1,19 +1,15 @@
-"""Reading the tracking store back, and the one edit a resume needs: a metric's history, a run's tag, status and
-existence, and removing a killed run's metric points past its last checkpoint. The flows use these to resume and
-report; everything they write goes through ``tasks.tracking`` (its outbox).
+"""Reading the tracking store back, through MLflow's public client only: a metric's history, a run's tag, status and
+existence. The flows use these to resume and report; everything they write goes through ``tasks.tracking`` (its
+outbox). A resume edits nothing in the store: each step is logged once (``tasks.train_logging.HeldMetrics``).
 """
 
 from __future__ import annotations
-
-import logging
 
 import mlflow
 from mlflow.tracking import MlflowClient
 
 from dapo_core.config import DapoConfig
 from tasks.tracking import configure_mlflow
-
-logger = logging.getLogger(__name__)
 
 
 def metric_history(run_id: str, key: str) -> list[tuple[int, float]]:
@@ -51,51 +47,3 @@ def run_exists(cfg: DapoConfig, run_id: str | None) -> bool:
         return MlflowClient().get_run(run_id).info.lifecycle_stage == "active"
     except mlflow.exceptions.MlflowException:
         return False
-
-
-def truncate_metrics_after(run_id: str, step: int) -> int:
-    """Delete metric points with ``step`` > ``step`` from a run (exact resume: the killed run's points after its
-    last checkpoint must not appear twice). Works on SQL stores (sqlite, postgres, mysql); on other stores it
-    logs a warning and returns -1. Returns the number of points removed."""
-    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service.utils import _get_store
-
-    store = _get_store()
-    if not isinstance(store, SqlAlchemyStore):
-        logger.warning(
-            "tracking store %s is not SQL: metric points after step %d of run %s cannot be removed and may appear "
-            "twice after this resume",
-            type(store).__name__,
-            step,
-            run_id,
-        )
-        return -1
-    with store.ManagedSessionMaker(read_only=False) as session:
-        removed = (
-            session.query(SqlMetric)
-            .filter(SqlMetric.run_uuid == run_id, SqlMetric.step > step)
-            .delete(synchronize_session=False)
-        )
-        stale = session.query(SqlLatestMetric).filter(SqlLatestMetric.run_uuid == run_id, SqlLatestMetric.step > step)
-        keys = [row.key for row in stale]
-        stale.delete(synchronize_session=False)
-        for key in keys:  # the latest value is now the newest remaining point of that key
-            newest = (
-                session.query(SqlMetric)
-                .filter(SqlMetric.run_uuid == run_id, SqlMetric.key == key)
-                .order_by(SqlMetric.step.desc(), SqlMetric.timestamp.desc(), SqlMetric.value.desc())
-                .first()
-            )
-            if newest is not None:
-                session.add(
-                    SqlLatestMetric(
-                        run_uuid=run_id,
-                        key=key,
-                        value=newest.value,
-                        timestamp=newest.timestamp,
-                        step=newest.step,
-                        is_nan=newest.is_nan,
-                    )
-                )
-    return int(removed)

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,65 @@ def run_tags(cfg: DapoConfig, run_name: str) -> dict[str, str]:
 
 
 @task(name="log-metrics", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1)
-def log_step(metrics: dict[str, float], step: int) -> None:
+def log_step(metrics: dict[str, float], step: int, timestamp_ms: int | None = None) -> None:
     """All metrics of one step in one batched call, at ``step = train/step``. With the "logging" fault point
     armed (reliability tests) they go in two halves with the fault point between: a kill leaves half a step."""
     if not armed("logging"):
-        tracking.log_metrics(metrics, step=step)
+        tracking.log_metrics(metrics, step=step, timestamp_ms=timestamp_ms)
         return
     keys = sorted(metrics)
-    tracking.log_metrics({k: metrics[k] for k in keys[: len(keys) // 2]}, step=step)
+    tracking.log_metrics({k: metrics[k] for k in keys[: len(keys) // 2]}, step=step, timestamp_ms=timestamp_ms)
     fault_point("logging", step)
-    tracking.log_metrics({k: metrics[k] for k in keys[len(keys) // 2 :]}, step=step)
+    tracking.log_metrics({k: metrics[k] for k in keys[len(keys) // 2 :]}, step=step, timestamp_ms=timestamp_ms)
+
+
+@dataclass
+class HeldMetrics:
+    """Each step logged exactly once across a kill and ``--resume``, without deleting anything from MLflow.
+
+    With checkpoints on, a step's metrics are held (``hold``) until the checkpoint that covers the step is written;
+    they travel in that checkpoint (``state``) and go to MLflow right after it (``flush``). A kill before the
+    checkpoint loses only held points of steps that ``--resume`` trains again; a kill during the flush is made good
+    by the resume, which flushes the checkpoint's points again (``restore`` + ``flush``): MLflow's SQL store (local
+    or behind ``mlflow server``) adds nothing for a point it already holds with the same time, and the held points
+    keep the time they were held at. Without checkpoints (``trainer.save_freq`` 0 and a run that never resumes
+    mid-way) ``hold`` logs at once. The MLflow UI then shows the curves every ``save_freq`` steps; the progress bar
+    and the Prefect log show every step as it ends."""
+
+    enabled: bool
+    pending: list[tuple[int, dict[str, float], int]] = field(default_factory=list)
+
+    def hold(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        if self.enabled:
+            self.pending.append((step, dict(metrics), now))
+        else:
+            log_step(metrics, step, now)
+
+    def add(self, metrics: dict[str, float], step: int) -> None:
+        """More points of ``step`` (held with it, or logged now when nothing of the step is held)."""
+        for held_step, held, _ in self.pending:
+            if held_step == step:
+                held.update(metrics)
+                return
+        log_step(metrics, step)
+
+    def state(self) -> list[list[Any]]:
+        """The held points, JSON-ready (``[step, {key: value}, time_ms]`` each) for the checkpoint's metadata."""
+        return [[step, metrics, ts] for step, metrics, ts in self.pending]
+
+    def restore(self, state: Sequence[Sequence[Any]]) -> None:
+        self.pending = [(int(step), {str(k): float(v) for k, v in m.items()}, int(ts)) for step, m, ts in state]
+
+    def flush(self) -> int:
+        """Log every held step (each with its held time), oldest first; returns how many steps went out."""
+        done = 0
+        while self.pending:
+            step, metrics, ts = self.pending[0]
+            log_step(metrics, step, ts)
+            self.pending.pop(0)
+            done += 1
+        return done
 
 
 @task(name="validate", cache_policy=NO_CACHE)

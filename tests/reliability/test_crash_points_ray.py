@@ -8,8 +8,13 @@ and a SIGKILL from outside kills a rank while its peer waits for it; either way 
 line naming the dead rank and saying to resume (exit 2). The other four faults kill the command itself. One chain
 instead of separate runs keeps this to a few Ray runs' worth of steps:
 
-    rollout@3 -> checkpoint@4 (rank 0) -> logging@4 -> a rank SIGKILLed in step 5 -> update@5 -> between-steps@6
-    -> the resume that finishes (no step left: it writes the final model and ends the MLflow run)
+    rollout@3 -> checkpoint@4 (rank 0) -> a rank SIGKILLed in step 5 -> update@5 -> between-steps@5 -> logging@6
+    -> the resume that finishes (no step left: it flushes the held metrics again, writes the final model and ends
+    the MLflow run)
+
+A step's metrics are held until the checkpoint covering it is written and logged right after it
+(tasks/train_logging.py HeldMetrics), so the ``logging`` fault strikes after the step-6 checkpoint is complete,
+while steps 5 and 6 are being flushed.
 """
 
 from __future__ import annotations
@@ -41,10 +46,10 @@ KILL_RANK = "a trainer rank SIGKILLed from outside"
 CHAIN = [
     ("rollout@3", -signal.SIGKILL, [2]),
     ("checkpoint@4", 2, [2]),  # rank 0 dies mid-write: the driver reports it and stops
-    ("logging@4", -signal.SIGKILL, [2]),
     (KILL_RANK, 2, [2, 4]),  # once step 4 is saved, mid-step 5: its peer is left waiting for it
     ("update@5", -signal.SIGKILL, [2, 4]),
-    ("between-steps@6", -signal.SIGKILL, [4, 6]),  # the last step saved, the final model not yet written
+    ("between-steps@5", -signal.SIGKILL, [2, 4]),  # step 5 done, its metrics held: redone from step 4
+    ("logging@6", -signal.SIGKILL, [4, 6]),  # the last step saved, its held metrics half flushed, no final model
 ]
 MARK = "DAPO_TEST_RAY_CHAIN"  # set in each command's environment: every process it starts inherits it
 

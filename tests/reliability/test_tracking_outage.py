@@ -6,16 +6,14 @@ checkpoints logged during the outage are there, the run is FINISHED and its mode
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_server import free_port, start_server, stop_server
 from train_fixtures import make_train_cfg
 
 from dapo_core.algorithm import metric_names as mn
@@ -30,49 +28,15 @@ OUTAGE_S = 60
 STEPS = 40
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(root: Path, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/server.db",
-           "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]  # fmt: skip
-    log = (root / f"server-{time.time_ns()}.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        assert proc.poll() is None, f"mlflow server exited ({proc.returncode}); see {log.name}"
-        time.sleep(0.5)
-    raise AssertionError("mlflow server did not come up in 120 s")
-
-
-def _stop_server(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _latest_step(ckpts: Path) -> int:
     found = list_checkpoints(ckpts)
     return found[-1][0] if found else 0
 
 
 def test_training_survives_a_60s_tracking_outage_and_loses_no_metric(tmp_path):
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = _start_server(tmp_path, port)
+    server = start_server(tmp_path, port)
     cfg = make_train_cfg(
         tmp_path, f"trainer.total_steps={STEPS}", "trainer.save_freq=5", "trainer.test_freq=10",
         "trainer.val_before_train=false", "algorithm.reward_fn=test_slow_even_length", f"tracking.uri={uri}",
@@ -92,18 +56,18 @@ def test_training_survives_a_60s_tracking_outage_and_loses_no_metric(tmp_path):
             assert train.poll() is None, (tmp_path / "train.out").read_text()[-3000:]
             assert time.monotonic() < deadline, "no step-5 checkpoint within 300 s"
             time.sleep(0.2)
-        _stop_server(server)  # the outage
+        stop_server(server)  # the outage
         down_at = _latest_step(ckpts)
         time.sleep(OUTAGE_S)
         during = _latest_step(ckpts)
-        server = _start_server(tmp_path, port)  # back, same store, same address
+        server = start_server(tmp_path, port)  # back, same store, same address
         assert train.wait(timeout=600) == 0, (tmp_path / "train.out").read_text()[-3000:]
     finally:
         if train.poll() is None:
             train.kill()
         log.close()
-        _stop_server(server)
-    server = _start_server(tmp_path, port)  # a fresh server to read what was delivered
+        stop_server(server)
+    server = start_server(tmp_path, port)  # a fresh server to read what was delivered
 
     try:
         out = (tmp_path / "train.out").read_text()
@@ -127,4 +91,4 @@ def test_training_survives_a_60s_tracking_outage_and_loses_no_metric(tmp_path):
         assert client.get_latest_versions("t")  # the final model was registered
         assert not list((Path(cfg.trainer.output_dir) / ".mlflow-outbox").glob("outbox-*.jsonl"))  # all delivered
     finally:
-        _stop_server(server)
+        stop_server(server)
