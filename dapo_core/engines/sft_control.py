@@ -33,11 +33,10 @@ from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
 from dapo_core.engines.sft import (
     WarmStartConfig,
-    heldout_problems,
-    normalize_question,
+    demonstration_batches,
     prompt_ids,
     response_ids,
-    sft_batches,
+    warm_start_sets,
 )
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
@@ -63,17 +62,9 @@ class ControlResult:
 
 
 def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[str]:
-    """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the same
-    sets ``run_warm_start`` builds), so the control draws the same stream of demonstrations."""
-    banned = {normalize_question(q) for q in exclude}
-    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
-    banned |= {p.question for p in heldout}
-    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:
-        probe = heldout_problems(
-            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
-        )
-        banned |= {p.question for p in probe}
-    return banned
+    """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the sets
+    ``run_warm_start`` builds, ``warm_start_sets``), so the control draws the same stream of demonstrations."""
+    return warm_start_sets(ws, exclude)[2]
 
 
 def control_lr(ws: WarmStartConfig) -> float:
@@ -196,12 +187,7 @@ def _load_trainer(
 def _demonstrations_after(ws: WarmStartConfig, exclude: Collection[str], skip: int) -> Iterator[list[SyntheticProblem]]:
     """The warm start's seeded stream of demonstration batches (its exclusions, its scarce and limited sets), its
     first ``skip`` batches drawn now (outside any budget)."""
-    stream = sft_batches(
-        ws.batch_size, seed=ws.seed, exclude=warm_start_exclusions(ws, exclude), min_ops=ws.min_ops,
-        max_ops=ws.max_ops, num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
-        shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
-        run_on_style=ws.run_on_style, check_frac=ws.check_frac,
-    )  # fmt: skip
+    stream = demonstration_batches(ws, warm_start_exclusions(ws, exclude))
     next(itertools.islice(stream, skip, skip), None)  # draw the skipped batches now, outside the budget
     return stream
 
