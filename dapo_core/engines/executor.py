@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo_core.config import DapoConfig
+from dapo_core.config import DapoConfig, resolved_max_new_tokens, resolved_norm_length
 from dapo_core.config.algorithm import objective_bounds
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
@@ -48,9 +48,6 @@ def optim_config_from(cfg: DapoConfig) -> OptimConfig:
 
 def loss_config_from(cfg: DapoConfig) -> LossConfig:
     a = cfg.algorithm
-    norm_length = a.norm_length
-    if a.loss_agg == "seq-mean-token-sum-norm" and norm_length is None:
-        norm_length = cfg.data.max_response_length  # Dr. GRPO: one constant for every sequence
     clip_low, clip_high = objective_bounds(a)
     return LossConfig(
         mode=a.policy_loss,
@@ -58,7 +55,7 @@ def loss_config_from(cfg: DapoConfig) -> LossConfig:
         clip_high=clip_high,
         clip_c=a.clip_c,
         loss_agg=a.loss_agg,
-        norm_length=norm_length,
+        norm_length=resolved_norm_length(cfg),  # Dr. GRPO: one constant for every sequence
         entropy_coef=a.entropy_coef,
     )
 
@@ -66,7 +63,7 @@ def loss_config_from(cfg: DapoConfig) -> LossConfig:
 def sampling_from(cfg: DapoConfig, *, seed: int, validation: bool = False, log_probs: bool = False) -> SamplingConfig:
     """Training (paper: T=1.0, top_p=1.0, G=n) or validation (T=1.0, top_p=0.7, k=val_n) sampling."""
     r = cfg.rollout
-    max_new = r.max_new_tokens if r.max_new_tokens is not None else cfg.data.max_response_length
+    max_new = resolved_max_new_tokens(cfg)  # rollout.max_new_tokens, or L_max
     if validation:
         return SamplingConfig(
             n=r.val_n, temperature=r.val_temperature, top_p=r.val_top_p, top_k=r.val_top_k,
