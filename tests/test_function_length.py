@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOTS = ("dapo_core", "tasks")
+ROOTS = ("dapo_core", "tasks", "flows")
 MAX_LINES = 60
 EXEMPTION = "Long because"
 
