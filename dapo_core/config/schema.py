@@ -25,9 +25,9 @@ from dapo_core.config.algorithm import (
 )
 from dapo_core.config.checks import batch_problems, engine_problems, length_problems
 from dapo_core.config.control import ControlConfig
+from dapo_core.config.curation import CurationConfig
 from dapo_core.config.rollout import RolloutConfig, rollout_problems
 from dapo_core.config.section import _Section
-from dapo_core.data.curate import CurationConfig
 
 __all__ = ["AlgorithmConfig", "DynamicSamplingConfig", "LossAgg", "OverlongConfig", "RolloutConfig"]  # re-exported
 
