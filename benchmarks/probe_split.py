@@ -58,7 +58,7 @@ def score(cfg: Any, model_dir: str | Path) -> dict[str, Any]:
 
 def main(tag: str, sets: list[str], steps: int) -> dict[str, Any]:
     from dapo_core.config import load_config
-    from dapo_core.engines.sft_control import continue_warm_start
+    from dapo_core.warmstart.control import continue_warm_start
     from flows.base_model import warm_start_settings
     from flows.controls import rl_budget
     from tasks.base_model import read_exclusions

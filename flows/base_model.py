@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from dapo_core.config import DapoConfig, load_config
-from dapo_core.engines.sft import WarmStartConfig, exclusion_digest, warm_start_config_from
+from dapo_core.warmstart.sft import WarmStartConfig, exclusion_digest, warm_start_config_from
 from tasks import base_model as T
 from tasks import tracking
 

@@ -15,7 +15,9 @@ from dapo_core.config import load_config
 from dapo_core.data.schema import ProblemRecord, write_rl_parquet
 from dapo_core.data.synthetic import generate_problems
 from dapo_core.engines.models import load_model
-from dapo_core.engines.sft import (
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.sft import (
     WarmStartConfig,
     evaluate_heldout,
     exclusion_digest,
@@ -27,8 +29,6 @@ from dapo_core.engines.sft import (
     sft_batches,
     warm_start_config_from,
 )
-from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.seeding import derive_seed
 
 SMALL_MODEL = [
     "model.tiny.hidden_size=32",
@@ -174,7 +174,7 @@ def test_time_budget_stops_early_and_still_evaluates(small_run) -> None:
 
 
 def test_target_accuracy_stops_at_the_first_check_that_reaches_it(small_run, monkeypatch) -> None:
-    import dapo_core.engines.sft as sft
+    import dapo_core.warmstart.sft as sft
 
     cfg, _, _ = small_run
     seen: list[tuple[int, int]] = []  # (probe size, call number)

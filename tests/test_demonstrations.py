@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dapo_core.config import load_config
-from dapo_core.engines.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
-from dapo_core.engines.sft_control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
 from dapo_core.evaluation.metrics import stop_class
+from dapo_core.warmstart.control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
+from dapo_core.warmstart.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
 
 
 def _questions(batches, n_batches):
@@ -101,7 +101,7 @@ def test_control_trains_on_from_the_base_model(tmp_path):
 def test_clean_control_trains_on_demonstrations_that_stop_at_their_answer_line(tmp_path, monkeypatch):
     """sft-control keeps the warm start's habits (run-ons, shortcuts); sft-control-clean (clean=True) sees none of
     them, at its own lr; both see the same problems' worked solutions otherwise."""
-    import dapo_core.engines.sft_control as control_mod
+    import dapo_core.warmstart.control as control_mod
 
     cfg = load_config(
         recipe="tiny-dapo",
@@ -206,8 +206,8 @@ def test_short_run_ons_give_the_next_question_and_its_answer_line_only():
 def test_default_soft_overlong_window_starts_above_every_correct_answer():
     """Eq. 13 must punish only overlong work: on the tiny task no correct answer may reach the penalty window."""
     from dapo_core.data.synthetic import generate_problems
-    from dapo_core.engines.sft import response_ids
     from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+    from dapo_core.warmstart.sft import response_ids
 
     cfg = load_config(recipe="tiny-dapo")
     tok = build_char_tokenizer(DEFAULT_ALPHABET)
@@ -217,8 +217,8 @@ def test_default_soft_overlong_window_starts_above_every_correct_answer():
 
 
 def test_check_demonstrations_check_every_worked_line_and_keep_the_answer():
-    from dapo_core.engines.sft_data import check_demo, check_line
     from dapo_core.rewards import math_dapo_score
+    from dapo_core.warmstart.demos import check_demo, check_line
 
     assert check_line("57*6=342") == "check 6*57=342"
     assert check_line("-184-43=-227") == "check -227+43=-184"
@@ -251,9 +251,9 @@ def test_check_demonstrations_check_every_worked_line_and_keep_the_answer():
 def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
     """With checks the length is the policy's choice: hard problems then hit max_response_length (80)."""
     from dapo_core.data.synthetic import generate_problems
-    from dapo_core.engines.sft import response_ids
-    from dapo_core.engines.sft_data import check_demo
     from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+    from dapo_core.warmstart.demos import check_demo
+    from dapo_core.warmstart.sft import response_ids
 
     tok = build_char_tokenizer(DEFAULT_ALPHABET)
     limit = load_config(recipe="tiny-dapo").data.max_response_length
@@ -268,7 +268,7 @@ def test_check_frac_enters_the_warm_start_stamp_only_when_set():
     """At its default the stamp is the one base models were built under before the knob existed (no rebuild)."""
     from dataclasses import replace
 
-    from dapo_core.engines.sft import warm_start_config_from
+    from dapo_core.warmstart.sft import warm_start_config_from
 
     ws = warm_start_config_from(load_config(recipe="tiny-dapo"))
     assert "check_frac" not in ws.stamp() and "run_on_frac" in ws.stamp()

@@ -24,10 +24,10 @@ from dapo_core.config import DapoConfig, load_config
 from dapo_core.data.schema import ProblemRecord
 from dapo_core.data.synthetic import SyntheticProblem, generate_problems
 from dapo_core.engines.executor import LocalExecutor
-from dapo_core.engines.sft import WarmStartConfig, prompt_ids, run_warm_start
 from dapo_core.seeding import derive_seed
 from dapo_core.training.prompts import PromptItem
 from dapo_core.training.step import build_train_batch, generate_and_score, keep_flags
+from dapo_core.warmstart.sft import WarmStartConfig, prompt_ids, run_warm_start
 
 pytestmark = pytest.mark.slow
 

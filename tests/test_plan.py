@@ -26,12 +26,12 @@ from dapo_core.config import load_config
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.checkpoint import save_checkpoint
 from dapo_core.engines.optim import OptimConfig
-from dapo_core.engines.sft import build_base_model
 from dapo_core.engines.trainer import PolicyTrainer
 from dapo_core.planning import GIB, PUBLIC_CONFIGS, Arch, Hardware, make_plan, param_count, resolve_arch
 from dapo_core.planning.arch import arch_from_hf_config
 from dapo_core.planning.disk import hf_file_bytes
 from dapo_core.planning.trainer_memory import activation_bytes, state_bytes
+from dapo_core.warmstart.sft import build_base_model
 from flows.cli import app
 
 REPO = Path(__file__).resolve().parents[1]

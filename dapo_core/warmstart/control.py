@@ -30,7 +30,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from dapo_core.config import DapoConfig
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
-from dapo_core.engines.sft import (
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+from dapo_core.warmstart.sft import (
     WarmStartConfig,
     heldout_problems,
     normalize_question,
@@ -38,8 +40,6 @@ from dapo_core.engines.sft import (
     response_ids,
     sft_batches,
 )
-from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
 
 logger = logging.getLogger(__name__)
 

@@ -36,21 +36,21 @@ from dapo_core.data.synthetic import SyntheticProblem
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import build_tiny_qwen2, resolve_device, save_hf_dir
 from dapo_core.engines.rollout import HFRolloutBackend, SamplingConfig
-from dapo_core.engines.sft_data import TINY_PROMPT as TINY_PROMPT  # re-exported: the data lives in sft_data
-from dapo_core.engines.sft_data import demonstration_set as demonstration_set
-from dapo_core.engines.sft_data import exclusion_digest as exclusion_digest
-from dapo_core.engines.sft_data import (
+from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+from dapo_core.rewards import score_batch
+from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.demos import TINY_PROMPT as TINY_PROMPT  # re-exported: the data lives in demos
+from dapo_core.warmstart.demos import demonstration_set as demonstration_set
+from dapo_core.warmstart.demos import exclusion_digest as exclusion_digest
+from dapo_core.warmstart.demos import (
     heldout_problems,
     normalize_question,
     prompt_ids,
     response_ids,
     sft_batches,
 )
-from dapo_core.engines.sft_data import shortcut_demo as shortcut_demo
-from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
-from dapo_core.rewards import score_batch
-from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.demos import shortcut_demo as shortcut_demo
 
 logger = logging.getLogger(__name__)
 
