@@ -11,7 +11,7 @@ import typer
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from dapo_core.config import load_config
+from dapo_core.config import BaseModelStageConfig, ConfigError, load_config
 from dapo_core.data.schema import ProblemRecord, write_rl_parquet
 from dapo_core.data.synthetic import generate_problems
 from dapo_core.engines.models import load_model
@@ -27,7 +27,6 @@ from dapo_core.warmstart.sft import (
     response_ids,
     run_warm_start,
     sft_batches,
-    warm_start_config_from,
 )
 
 SMALL_MODEL = [
@@ -50,9 +49,10 @@ def one_thread():
 
 
 def small_ws(**kw) -> WarmStartConfig:
+    """The schema's warm start (every knob at its default) with a small budget, seed 3 and 24 new tokens."""
     base = dict(steps=12, lr=1e-2, warmup_steps=2, batch_size=16, micro_batch_size=16, heldout_size=4,
-                heldout_k=2, max_new_tokens=24, log_every=3, seed=3)  # fmt: skip
-    return WarmStartConfig(**{**base, **kw})
+                heldout_k=2, log_every=3)  # fmt: skip
+    return WarmStartConfig.from_config(BaseModelStageConfig(), seed=3, max_new_tokens=24, **{**base, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -95,17 +95,64 @@ def test_prompt_and_response_ids_follow_the_chat_template(tmp_path) -> None:
 
 
 def test_settings_come_from_the_base_model_section() -> None:
+    from flows.base_model import warm_start_settings
+
     cfg = load_config(recipe="tiny-dapo", overrides=["base_model.lr=0.005", "trainer.seed=7"])
-    ws = warm_start_config_from(cfg)
+    ws = warm_start_settings(cfg)
     assert (ws.lr, ws.seed, ws.max_new_tokens) == (0.005, 7, cfg.data.max_response_length)
-    assert ws.steps == cfg.base_model.steps and ws.heldout_k == cfg.base_model.heldout_k
+    # every knob is the section's, nothing restated: the settings are the section plus the seed and the length
+    assert ws.model_dump(exclude={"seed", "max_new_tokens"}) == cfg.base_model.model_dump()
+    # the stage's knobs (None = the section's) and its own seed go on top
+    given = warm_start_settings(cfg, steps=5, lr=None, heldout_k=3, seed=11)
+    assert (given.steps, given.lr, given.heldout_k, given.seed) == (5, 0.005, 3, 11)
 
 
-def test_bad_settings_say_value_and_rule() -> None:
-    with pytest.raises(ValueError, match=r"steps \(0\) must be >= 1"):
-        WarmStartConfig(steps=0)
-    with pytest.raises(ValueError, match=r"time_budget_s \(-1\) must be > 0"):
-        WarmStartConfig(time_budget_s=-1)
+def test_every_setting_defaults_to_the_schema_and_nowhere_else() -> None:
+    """The single source of the warm start's defaults: the base_model section. Built from a default section,
+    every field equals the schema's default; the only fields the settings add (seed, max_new_tokens) have none."""
+    import inspect
+
+    ws = WarmStartConfig.from_config(BaseModelStageConfig(), seed=0, max_new_tokens=8)
+    assert set(inspect.get_annotations(WarmStartConfig)) == {"seed", "max_new_tokens"}  # no knob declared again
+    section_fields = BaseModelStageConfig.model_fields
+    assert set(WarmStartConfig.model_fields) == {*section_fields, "seed", "max_new_tokens"}
+    for name, field in section_fields.items():
+        assert getattr(ws, name) == field.get_default(call_default_factory=True), name
+    assert all(WarmStartConfig.model_fields[name].is_required() for name in ("seed", "max_new_tokens"))
+    with pytest.raises(ValueError, match="seed"):
+        WarmStartConfig.model_validate(BaseModelStageConfig().model_dump())  # no seed, no length: no defaults
+
+
+def test_the_stamp_is_the_one_base_models_were_built_under() -> None:
+    """The stage's cache stamp of params.yaml's warm start, as it was before its settings were built from the
+    section (issue 44): a base model built then is still up to date."""
+    from flows.base_model import warm_start_settings
+
+    stamp = warm_start_settings(load_config(recipe="tiny-dapo", env={})).stamp()
+    assert stamp == {
+        "batch_size": 56, "check_every": 100, "check_from": 0, "grad_clip": 1.0, "heldout_k": 8,
+        "heldout_size": 200, "lr": 0.0015, "max_new_tokens": 80, "max_ops": 4, "micro_batch_size": 16,
+        "min_lr_ratio": 0.1, "min_ops": 1, "num_demos": None, "probe_size": 200, "run_on_frac": 0.6,
+        "run_on_style": "answer_only", "scarce_demos": 0, "scarce_from_ops": None, "seed": 42, "shortcut_frac": 0.0,
+        "shortcut_style": "answer_only", "steps": 1200, "target_greedy_acc": None, "time_budget_s": None,
+        "warmup_steps": 100, "weight_decay": 0.0,
+    }  # fmt: skip
+
+
+def test_bad_settings_say_key_value_and_rule() -> None:
+    from flows.base_model import warm_start_settings
+
+    cfg = load_config(recipe="tiny-dapo")
+    with pytest.raises(ConfigError, match=r"^base_model.steps \(0\) must be > 0"):
+        warm_start_settings(cfg, steps=0)
+    with pytest.raises(ConfigError, match=r"^base_model.time_budget_s \(-1\) must be > 0"):
+        small_ws(time_budget_s=-1)
+    with pytest.raises(
+        ConfigError, match=r"\(\+ --set base_model.time_budget_s=0\): base_model.time_budget_s \(0\) must be > 0"
+    ):
+        load_config(recipe="tiny-dapo", overrides=["base_model.time_budget_s=0"])
+    with pytest.raises(ConfigError, match=r"^base_model.min_lr_ratio \(1.5\) must be in \[0, 1\]"):
+        small_ws(min_lr_ratio=1.5)
 
 
 # ------------------------------------------------------------------------------------------------ SFT
@@ -204,8 +251,8 @@ def test_probe_set_is_disjoint_from_heldout_and_never_trained_on(monkeypatch) ->
 
 
 def test_target_setting_is_checked() -> None:
-    with pytest.raises(ValueError, match=r"target_greedy_acc \(1.5\) must be in \(0, 1\]"):
-        WarmStartConfig(target_greedy_acc=1.5)
+    with pytest.raises(ConfigError, match=r"base_model.target_greedy_acc \(1.5\) must be in \(0, 1\]"):
+        small_ws(target_greedy_acc=1.5)
 
 
 # ------------------------------------------------------------------------------------------------ flow

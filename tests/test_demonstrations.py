@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from dapo_core.config import load_config
+from dapo_core.config import BaseModelStageConfig, load_config
 from dapo_core.evaluation.metrics import stop_class
 from dapo_core.warmstart.control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
 from dapo_core.warmstart.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
@@ -64,9 +64,10 @@ def test_control_trains_on_from_the_base_model(tmp_path):
         recipe="tiny-dapo",
         overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
     )
-    ws = WarmStartConfig(
-        steps=3, batch_size=8, micro_batch_size=8, heldout_size=2, heldout_k=1, scarce_from_ops=4, scarce_demos=2
-    )
+    ws = WarmStartConfig.from_config(
+        BaseModelStageConfig(), seed=42, max_new_tokens=64, steps=3, batch_size=8, micro_batch_size=8,
+        heldout_size=2, heldout_k=1, scarce_from_ops=4, scarce_demos=2,
+    )  # fmt: skip
     base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
     assert base.output_dir is not None
     result = continue_warm_start(cfg, ws, base.output_dir, max_steps=2, output_dir=tmp_path / "control")
@@ -107,9 +108,9 @@ def test_clean_control_trains_on_demonstrations_that_stop_at_their_answer_line(t
         recipe="tiny-dapo",
         overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
     )
-    ws = WarmStartConfig(
-        steps=2, batch_size=16, micro_batch_size=16, heldout_size=2, heldout_k=1, run_on_frac=0.6,
-        run_on_style="answer_only", shortcut_frac=0.3,
+    ws = WarmStartConfig.from_config(
+        BaseModelStageConfig(), seed=42, max_new_tokens=64, steps=2, batch_size=16, micro_batch_size=16,
+        heldout_size=2, heldout_k=1, run_on_frac=0.6, run_on_style="answer_only", shortcut_frac=0.3,
     )  # fmt: skip
     base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
     seen: list[str] = []
@@ -266,10 +267,9 @@ def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
 
 def test_check_frac_enters_the_warm_start_stamp_only_when_set():
     """At its default the stamp is the one base models were built under before the knob existed (no rebuild)."""
-    from dataclasses import replace
+    from flows.base_model import warm_start_settings
 
-    from dapo_core.warmstart.sft import warm_start_config_from
-
-    ws = warm_start_config_from(load_config(recipe="tiny-dapo"))
+    cfg = load_config(recipe="tiny-dapo")
+    ws = warm_start_settings(cfg)
     assert "check_frac" not in ws.stamp() and "run_on_frac" in ws.stamp()
-    assert replace(ws, check_frac=0.5).stamp() == {**ws.stamp(), "check_frac": 0.5}
+    assert warm_start_settings(cfg, check_frac=0.5).stamp() == {**ws.stamp(), "check_frac": 0.5}

@@ -19,9 +19,12 @@ from dapo_core.config.loader import (
     load_config,
     recipe_dirs,
     recipe_summary,
+    validate_section,
 )
 from dapo_core.config.schema import (
     AlgorithmConfig,
+    BaseModelStageConfig,
+    CurationConfig,
     DapoConfig,
     DataConfig,
     DynamicSamplingConfig,
@@ -45,7 +48,9 @@ from dapo_core.config.serialize import dump_yaml, flatten_config, unflatten_conf
 __all__ = [
     "DEFAULT_CONFIG",
     "AlgorithmConfig",
+    "BaseModelStageConfig",
     "ConfigError",
+    "CurationConfig",
     "DapoConfig",
     "DataConfig",
     "DynamicSamplingConfig",
@@ -74,4 +79,5 @@ __all__ = [
     "resolved_run_name",
     "resolved_tracking_uri",
     "unflatten_config",
+    "validate_section",
 ]

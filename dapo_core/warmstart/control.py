@@ -22,7 +22,7 @@ import itertools
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -84,7 +84,7 @@ def clean_settings(ws: WarmStartConfig) -> WarmStartConfig:
     """``ws`` with clean demonstrations: each one works its problem and stops at its answer line (no run-on to a
     next question, no answer stated before the work). What the task covers (operation counts, the scarce and
     limited sets of worked solutions) stays as configured: clean is about how demonstrations end, not which exist."""
-    return replace(ws, run_on_frac=0.0, shortcut_frac=0.0)
+    return ws.model_copy(update={"run_on_frac": 0.0, "shortcut_frac": 0.0})  # both in range: nothing to check
 
 
 def stream_offset(ws: WarmStartConfig, seed: int) -> int:

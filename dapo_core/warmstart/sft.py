@@ -12,7 +12,8 @@ questions the caller excludes (e.g. the curated train/val problems), with the ``
 k sampled responses at T=1.0) and the ``math_dapo`` scorer.
 
     cfg = load_config(recipe="tiny-dapo")
-    result = run_warm_start(cfg, WarmStartConfig(steps=1000), output_dir="outputs/base_model")
+    ws = WarmStartConfig.from_config(cfg.base_model, seed=cfg.trainer.seed, max_new_tokens=80, steps=1000)
+    result = run_warm_start(cfg, ws, output_dir="outputs/base_model")
     print(result.final_metrics["heldout/acc/mean_at_8"])
 
 Deterministic for a seed (same machine and thread count) as long as ``time_budget_s`` does not bind: the step
@@ -24,14 +25,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dapo_core.config import DapoConfig
+from dapo_core.config import BaseModelStageConfig, DapoConfig, validate_section
 from dapo_core.data.synthetic import SyntheticProblem
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import build_tiny_qwen2, resolve_device, save_hf_dir
@@ -58,9 +60,12 @@ logger = logging.getLogger(__name__)
 MetricsCallback = Callable[[int, dict[str, float]], None]
 
 
-@dataclass(frozen=True)
-class WarmStartConfig:
-    """Knobs of the warm start (config section ``base_model:``, plus the seed); defaults are the CPU default.
+class WarmStartConfig(BaseModelStageConfig):
+    """The warm start's settings: the ``base_model:`` section, plus the seed and the generation length.
+
+    Every knob, its default and its range are the section's (``dapo_core.config.base_model``); this class adds
+    only what comes from elsewhere, with no default: ``seed`` (``trainer.seed`` unless the stage is given one) and
+    ``max_new_tokens`` (``data.max_response_length``: what RL will allow). Build it with ``from_config``.
 
     ``steps`` is the budget that makes the run deterministic; ``time_budget_s`` (None = off) stops earlier on a
     slow machine, at the price of determinism. The lr follows a linear warm-up then cosine decay to
@@ -72,77 +77,27 @@ class WarmStartConfig:
     runs (held-out greedy 10% or 42.5% after 1400 steps). ~0.35 s per step at 2 threads.
     """
 
-    steps: int = 1000
-    time_budget_s: float | None = None
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    batch_size: int = 64
-    micro_batch_size: int = 64
-    min_ops: int = 1
-    max_ops: int = 4
-    num_demos: int | None = None
-    scarce_from_ops: int | None = None
-    scarce_demos: int = 0
-    shortcut_frac: float = 0.0
-    shortcut_style: str = "answer_only"
-    run_on_frac: float = 0.0
-    run_on_style: str = "worked"
-    check_frac: float = 0.0
-    target_greedy_acc: float | None = None
-    check_every: int = 100
-    check_from: int = 0
-    probe_size: int = 200
-    heldout_size: int = 200
-    heldout_k: int = 8
-    max_new_tokens: int = 64
-    log_every: int = 10
-    seed: int = 42
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, f"steps ({self.steps}) must be >= 1 optimizer steps (the CPU default uses 1000)"),
-            (self.lr > 0, f"lr ({self.lr}) must be > 0 (the CPU default uses 1e-3)"),
-            (self.batch_size >= 1, f"batch_size ({self.batch_size}) must be >= 1 problems per step"),
-            (self.micro_batch_size >= 1, f"micro_batch_size ({self.micro_batch_size}) must be >= 1"),
-            (self.heldout_size >= 0, f"heldout_size ({self.heldout_size}) must be >= 0 (0 skips evaluation)"),
-            (self.heldout_k >= 1, f"heldout_k ({self.heldout_k}) must be >= 1; use >= 8 (k=4 is noisy, notes)"),
-            (self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1 steps"),
-            (
-                self.target_greedy_acc is None or 0 < self.target_greedy_acc <= 1,
-                f"target_greedy_acc ({self.target_greedy_acc}) must be in (0, 1], or null to always run `steps`",
-            ),
-            (self.check_every >= 1, f"check_every ({self.check_every}) must be >= 1 steps"),
-            (self.check_from >= 0, f"check_from ({self.check_from}) must be >= 0"),
-            (self.probe_size >= 1, f"probe_size ({self.probe_size}) must be >= 1 problems"),
-            (self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0"),
-            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]"),
-            (
-                self.time_budget_s is None or self.time_budget_s > 0,
-                f"time_budget_s ({self.time_budget_s}) must be > 0 seconds, or null for no time cap",
-            ),
-        ]
-        problems = [msg for ok, msg in checks if not ok]
-        if problems:
-            raise ValueError("invalid warm-start settings: " + "; ".join(problems))
+    seed: int = Field(description="Root seed of the warm start (trainer.seed unless the stage is given one).")
+    max_new_tokens: int = Field(gt=0, description="Generation cap of its evaluations (data.max_response_length).")
+
+    @classmethod
+    def from_config(
+        cls, section: BaseModelStageConfig, *, seed: int, max_new_tokens: int, **knobs: Any
+    ) -> WarmStartConfig:
+        """``section`` (the config's ``base_model:``) with ``knobs`` (its keys) replaced, plus the seed and the
+        generation length. A bad knob raises ``ConfigError`` naming ``base_model.<knob>``, its value and range."""
+        data = {**section.model_dump(), **knobs, "seed": seed, "max_new_tokens": max_new_tokens}
+        return validate_section(cls, data, "base_model")
 
     def stamp(self) -> dict[str, Any]:
         """Everything that changes the trained weights or the reported metrics (for the stage's cache stamp)."""
-        out = asdict(self)
+        out = self.model_dump()
         out.pop("log_every")  # logging cadence changes nothing
         if not out["check_frac"]:  # added later: at its default the stamps of earlier base models still hold
             out.pop("check_frac")
         return out
-
-
-def warm_start_config_from(cfg: DapoConfig) -> WarmStartConfig:
-    """The ``base_model:`` config section as a ``WarmStartConfig``; seed = trainer.seed, generation length =
-    data.max_response_length (what RL will allow)."""
-    return WarmStartConfig(
-        **cfg.base_model.model_dump(), seed=cfg.trainer.seed, max_new_tokens=cfg.data.max_response_length
-    )
 
 
 @dataclass
