@@ -42,7 +42,7 @@ def make(n: int = 200) -> Path:
     ws = warm_start_settings(load_config(recipe="tiny-dapo"))
     exclude = read_exclusions(CURATED)
     problems = heldout_problems(
-        n, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+        n, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops, stream="probe"
     )
     records = synthetic_records(problems)
     PROBE_DIR.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,8 @@ def config_view(cfg: DapoConfig) -> dict[str, Any]:
     """The config as it determines results: tracking (where results go, maybe credentials) left out, and the
     ``FINGERPRINT_NEUTRAL`` knobs at their neutral values."""
     view = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+    base_model = view.get("base_model", {})
+    base_model.update(base_model.pop("demos", {}))  # flat, as journaled before base_model.demos existed (issue 44)
     for (section, key), neutral in FINGERPRINT_NEUTRAL.items():
         if view.get(section, {}).get(key, neutral) == neutral:
             view.get(section, {}).pop(key, None)

@@ -11,7 +11,7 @@ import typer
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from dapo_core.config import BaseModelStageConfig, ConfigError, load_config
+from dapo_core.config import BaseModelStageConfig, ConfigError, DemosConfig, load_config
 from dapo_core.data.schema import ProblemRecord, write_rl_parquet
 from dapo_core.data.synthetic import generate_problems
 from dapo_core.engines.models import load_model
@@ -64,24 +64,28 @@ def test_normalize_question_strips_template_and_spaces() -> None:
 
 def test_sft_stream_never_yields_excluded_or_heldout_questions() -> None:
     # one-operation problems repeat often, so exclusion really has to filter
-    first = [p.question for batch, _ in zip(sft_batches(50, seed=1, max_ops=1), range(4), strict=False) for p in batch]
+    first = [
+        p.question
+        for batch, _ in zip(sft_batches(50, DemosConfig(max_ops=1), seed=1), range(4), strict=False)
+        for p in batch
+    ]
     exclude = set(first[:100])
-    held = heldout_problems(30, seed=1, exclude=[f"Q: {q}" for q in first[100:120]], max_ops=1)
+    held = heldout_problems(30, seed=1, exclude=[f"Q: {q}" for q in first[100:120]], min_ops=1, max_ops=1)
     assert not {p.question for p in held} & set(first[100:120])
     assert len({p.question for p in held}) == 30  # distinct
     banned = exclude | {p.question for p in held}
     seen = [
         p.question
-        for batch, _ in zip(sft_batches(50, seed=1, exclude=banned, max_ops=1), range(20), strict=False)
+        for batch, _ in zip(sft_batches(50, DemosConfig(max_ops=1), seed=1, exclude=banned), range(20), strict=False)
         for p in batch
     ]
     assert len(seen) == 1000 and not set(seen) & banned
 
 
 def test_sft_stream_is_seeded() -> None:
-    a = next(sft_batches(8, seed=5))
-    assert a == next(sft_batches(8, seed=5))
-    assert a != next(sft_batches(8, seed=6))
+    a = next(sft_batches(8, DemosConfig(), seed=5))
+    assert a == next(sft_batches(8, DemosConfig(), seed=5))
+    assert a != next(sft_batches(8, DemosConfig(), seed=6))
 
 
 def test_prompt_and_response_ids_follow_the_chat_template(tmp_path) -> None:
@@ -183,7 +187,7 @@ def test_sft_lowers_the_loss_and_reports_heldout_metrics(small_run) -> None:
     # the held-out metrics are those of the saved (trained) model on the documented held-out set: evaluating it
     # again gives the same numbers (measured: mean length 15.375, a quarter truncated; the untrained model differs)
     model, tok = load_model(str(result.output_dir)), load_tokenizer(str(result.output_dir))
-    held = heldout_problems(4, seed=3, exclude=["Q: 1+2"])
+    held = heldout_problems(4, seed=3, min_ops=1, max_ops=4, exclude=["Q: 1+2"])
     again = evaluate_heldout(model.eval(), tok, held, k=2, seed=derive_seed(3, "heldout_sampling"), max_new_tokens=24)
     assert again == {k: v for k, v in final.items() if k.startswith("heldout/") and k != "heldout/eval_s"}
     assert 1 <= final["heldout/response_length/mean"] <= 24
@@ -244,8 +248,8 @@ def test_target_accuracy_stops_at_the_first_check_that_reaches_it(small_run, mon
 
 
 def test_probe_set_is_disjoint_from_heldout_and_never_trained_on(monkeypatch) -> None:
-    held = heldout_problems(40, seed=3, max_ops=1)
-    probe = heldout_problems(40, seed=3, max_ops=1, exclude=[p.question for p in held], stream="probe")
+    held = heldout_problems(40, seed=3, min_ops=1, max_ops=1)
+    probe = heldout_problems(40, seed=3, min_ops=1, max_ops=1, exclude=[p.question for p in held], stream="probe")
     assert len(probe) == 40 and not {p.question for p in probe} & {p.question for p in held}
     assert [p.question for p in probe] != [p.question for p in held[:40]]
 

@@ -42,7 +42,7 @@ BASE_ARCH = [
 # One-operation problems only (responses like "57*6=342\nAnswer: 342", ~21 tokens); no held-out evaluation
 WARM_START = WarmStartConfig.from_config(
     BaseModelStageConfig(), seed=0, max_new_tokens=24, steps=1000, lr=5e-3, warmup_steps=10, batch_size=32,
-    micro_batch_size=32, min_ops=1, max_ops=1, heldout_size=0, log_every=1000,
+    micro_batch_size=32, demos={"min_ops": 1, "max_ops": 1}, heldout_size=0, log_every=1000,
 )  # fmt: skip
 RL_SETTINGS = [
     "trainer.lr=3e-4",  # 3x the recipe's; at 1e-3 one of the four can collapse to 0% correct (then: no signal)

@@ -8,6 +8,7 @@
 The knob reference, generated from the schema and the recipes, is docs/recipe-knobs.md.
 """
 
+from dapo_core.config.base_model import MOVED_KEYS
 from dapo_core.config.loader import (
     DEFAULT_CONFIG,
     ConfigError,
@@ -27,6 +28,7 @@ from dapo_core.config.schema import (
     CurationConfig,
     DapoConfig,
     DataConfig,
+    DemosConfig,
     DynamicSamplingConfig,
     LossAgg,
     ModelConfig,
@@ -47,12 +49,14 @@ from dapo_core.config.serialize import dump_yaml, flatten_config, unflatten_conf
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "MOVED_KEYS",
     "AlgorithmConfig",
     "BaseModelStageConfig",
     "ConfigError",
     "CurationConfig",
     "DapoConfig",
     "DataConfig",
+    "DemosConfig",
     "DynamicSamplingConfig",
     "LossAgg",
     "ModelConfig",

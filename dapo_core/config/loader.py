@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
+from dapo_core.config.base_model import MOVED_KEYS
 from dapo_core.config.schema import DapoConfig
 
 logger = logging.getLogger(__name__)
@@ -218,6 +219,10 @@ def section_at(parts: Sequence[str | int], root: type[BaseModel] = DapoConfig) -
 
 def _unknown_key(section: str, name: str, valid: Sequence[str]) -> str:
     full = f"{section}.{name}" if section else name
+    if full in MOVED_KEYS:  # a key of an older schema: say where it went
+        new = MOVED_KEYS[full]
+        under = " in ".join(f"`{part}:`" for part in reversed(new.split(".")[:-1]))
+        return f"{full} moved to {new}: use --set {new}=VALUE, or in YAML put `{name}:` under {under}"
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
     hint = f"did you mean '{section + '.' if section else ''}{close[0]}'? " if close else ""
     where = section or "the top level"
@@ -287,7 +292,8 @@ def _format_error(err: Mapping[str, Any], root: type[BaseModel] = DapoConfig, pr
         return str(err["msg"]).removeprefix("Value error, ").splitlines()
     if kind == "extra_forbidden":
         valid = list(parent.model_fields) if parent else []
-        return [_unknown_key(".".join(loc[:-1]), loc[-1], valid) + "; remove or rename it"]
+        fix = "" if dotted in MOVED_KEYS else "; remove or rename it"
+        return [_unknown_key(".".join(loc[:-1]), loc[-1], valid) + fix]
     if kind == "missing":
         return [f"{dotted}: required key missing: add it (e.g. `{dotted}: ...`)"]
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}

@@ -23,7 +23,7 @@ from dapo_core.config.algorithm import (
     OverlongConfig,
     algorithm_problems,
 )
-from dapo_core.config.base_model import BaseModelStageConfig
+from dapo_core.config.base_model import BaseModelStageConfig, DemosConfig
 from dapo_core.config.checks import batch_problems, engine_problems, length_problems
 from dapo_core.config.control import ControlConfig
 from dapo_core.config.curation import CurationConfig
@@ -34,6 +34,7 @@ __all__ = [  # re-exported
     "AlgorithmConfig",
     "BaseModelStageConfig",
     "CurationConfig",
+    "DemosConfig",
     "DynamicSamplingConfig",
     "LossAgg",
     "OverlongConfig",

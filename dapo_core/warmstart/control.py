@@ -3,11 +3,12 @@
 RL must beat these to matter: the same base model, the same time, spent on more supervised training instead of
 DAPO. Two controls: ``sft-control`` continues on the warm start's own demonstrations, habits included (the paper's
 situation: no better demonstrations exist); ``sft-control-clean`` (``clean=True``) on clean ones, which stop at
-their answer line (where such demonstrations exist, it is the control to beat). The control sees exactly the demonstrations the warm start had —
-it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
-task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
-at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks
-where along that stream it continues (``stream_offset``): seed 1 right after the warm start, later seeds further on.
+their answer line (where such demonstrations exist, it is the control to beat). The control sees exactly the
+demonstrations the warm start had — it continues the warm start's own seeded stream after the batches the warm
+start used, so a scarce part of the task (``demos.scarce_from_ops``) keeps its fixed few worked solutions and a
+limited set (``demos.num_demos``) stays that set — at the lr the warm start's schedule ended on
+(``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks where along that stream it continues
+(``stream_offset``): seed 1 right after the warm start, later seeds further on.
 
     result = continue_warm_start(cfg, ws, "outputs/base_model", time_budget_s=180, exclude=curated_questions)
     result.model  # evaluate it like any policy
@@ -65,11 +66,18 @@ def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[
     """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the same
     sets ``run_warm_start`` builds), so the control draws the same stream of demonstrations."""
     banned = {normalize_question(q) for q in exclude}
-    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
+    heldout = heldout_problems(
+        ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops
+    )
     banned |= {p.question for p in heldout}
     if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:
         probe = heldout_problems(
-            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+            ws.probe_size,
+            seed=ws.seed,
+            exclude=banned,
+            min_ops=ws.demos.min_ops,
+            max_ops=ws.demos.max_ops,
+            stream="probe",
         )
         banned |= {p.question for p in probe}
     return banned
@@ -84,7 +92,8 @@ def clean_settings(ws: WarmStartConfig) -> WarmStartConfig:
     """``ws`` with clean demonstrations: each one works its problem and stops at its answer line (no run-on to a
     next question, no answer stated before the work). What the task covers (operation counts, the scarce and
     limited sets of worked solutions) stays as configured: clean is about how demonstrations end, not which exist."""
-    return ws.model_copy(update={"run_on_frac": 0.0, "shortcut_frac": 0.0})  # both in range: nothing to check
+    clean = ws.demos.model_copy(update={"run_on_frac": 0.0, "shortcut_frac": 0.0})  # in range: nothing to check
+    return ws.model_copy(update={"demos": clean})
 
 
 def stream_offset(ws: WarmStartConfig, seed: int) -> int:
@@ -150,12 +159,7 @@ def continue_warm_start(
     )  # fmt: skip
     trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
     banned = warm_start_exclusions(ws, exclude)
-    stream = sft_batches(
-        ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops,
-        num_demos=ws.num_demos, scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos,
-        shortcut_frac=ws.shortcut_frac, shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac,
-        run_on_style=ws.run_on_style, check_frac=ws.check_frac,
-    )  # fmt: skip
+    stream = sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
     skip = (ws.steps if skip_steps is None else skip_steps) + stream_offset(ws, seed)
     next(itertools.islice(stream, skip, skip), None)  # draw the skipped batches now, outside the budget
     pad_id = int(tokenizer.pad_token_id)

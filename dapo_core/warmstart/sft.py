@@ -95,6 +95,7 @@ class WarmStartConfig(BaseModelStageConfig):
         """Everything that changes the trained weights or the reported metrics (for the stage's cache stamp)."""
         out = self.model_dump()
         out.pop("log_every")  # logging cadence changes nothing
+        out.update(out.pop("demos"))  # flat, as the stamps of base models built before the knobs were nested
         if not out["check_frac"]:  # added later: at its default the stamps of earlier base models still hold
             out.pop("check_frac")
         return out
@@ -272,12 +273,19 @@ def run_warm_start(
     start = time.perf_counter()
     model, tokenizer = build_base_model(cfg, seed=ws.seed)
     model.to(resolve_device(cfg.trainer.device))  # type: ignore[arg-type]
-    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
+    heldout = heldout_problems(
+        ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops
+    )
     banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
     probe_set: list[SyntheticProblem] = []
     if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:  # its own stream: held-out stays unbiased
         probe_set = heldout_problems(
-            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+            ws.probe_size,
+            seed=ws.seed,
+            exclude=banned,
+            min_ops=ws.demos.min_ops,
+            max_ops=ws.demos.max_ops,
+            stream="probe",
         )
         banned |= {p.question for p in probe_set}
     optim = OptimConfig(
@@ -285,12 +293,7 @@ def run_warm_start(
         scheduler="cosine", total_steps=ws.steps, min_lr_ratio=ws.min_lr_ratio,
     )  # fmt: skip
     trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
-    batches = sft_batches(
-        ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, num_demos=ws.num_demos,
-        scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos, shortcut_frac=ws.shortcut_frac,
-        shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac, run_on_style=ws.run_on_style,
-        check_frac=ws.check_frac,
-    )  # fmt: skip
+    batches = sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 
     def probe() -> float:
