@@ -123,6 +123,11 @@ def test_every_setting_defaults_to_the_schema_and_nowhere_else() -> None:
     for name, field in section_fields.items():
         assert getattr(ws, name) == field.get_default(call_default_factory=True), name
     assert all(WarmStartConfig.model_fields[name].is_required() for name in ("seed", "max_new_tokens"))
+    optim = ws.optim_config()  # the SFT optimizer: the section's schedule, AdamW's own betas
+    assert (optim.lr, optim.weight_decay, optim.grad_clip, optim.warmup_steps, optim.min_lr_ratio) == (
+        ws.lr, ws.weight_decay, ws.grad_clip, ws.warmup_steps, ws.min_lr_ratio,
+    )  # fmt: skip
+    assert (optim.scheduler, optim.total_steps, optim.betas) == ("cosine", ws.steps, None)
     with pytest.raises(ValueError, match="seed"):
         WarmStartConfig.model_validate(BaseModelStageConfig().model_dump())  # no seed, no length: no defaults
 

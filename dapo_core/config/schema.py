@@ -22,6 +22,7 @@ from dapo_core.config.algorithm import (
     LossAgg,
     OverlongConfig,
     algorithm_problems,
+    norm_length_of,
 )
 from dapo_core.config.base_model import BaseModelStageConfig, DemosConfig
 from dapo_core.config.checks import batch_problems, engine_problems, length_problems
@@ -325,6 +326,4 @@ def resolved_data_seed(cfg: DapoConfig) -> int:
 
 def resolved_norm_length(cfg: DapoConfig) -> int | None:
     """Dr. GRPO's constant for `seq-mean-token-sum-norm` (default L_max); None for every other mode."""
-    if cfg.algorithm.loss_agg != "seq-mean-token-sum-norm":
-        return None
-    return cfg.algorithm.norm_length or cfg.data.max_response_length
+    return norm_length_of(cfg.algorithm, cfg.data.max_response_length)

@@ -155,7 +155,7 @@ def continue_warm_start(
     lr = control_lr(ws) if lr is None else lr
     optim = OptimConfig(
         lr=lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=CONTROL_WARMUP_STEPS,
-        scheduler="constant", total_steps=max_steps or 1,
+        scheduler="constant", total_steps=max_steps or 1, min_lr_ratio=0.0, betas=None,
     )  # fmt: skip
     trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
     banned = warm_start_exclusions(ws, exclude)

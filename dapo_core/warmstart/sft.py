@@ -91,6 +91,14 @@ class WarmStartConfig(BaseModelStageConfig):
         data = {**section.model_dump(), **knobs, "seed": seed, "max_new_tokens": max_new_tokens}
         return validate_section(cls, data, "base_model")
 
+    def optim_config(self) -> OptimConfig:
+        """The SFT optimizer: linear warm-up over ``warmup_steps``, cosine decay to ``lr * min_lr_ratio`` at
+        ``steps``; AdamW's own betas (the section sets none)."""
+        return OptimConfig(
+            lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip, warmup_steps=self.warmup_steps,
+            scheduler="cosine", total_steps=self.steps, min_lr_ratio=self.min_lr_ratio, betas=None,
+        )  # fmt: skip
+
     def stamp(self) -> dict[str, Any]:
         """Everything that changes the trained weights or the reported metrics (for the stage's cache stamp)."""
         out = self.model_dump()
@@ -140,7 +148,7 @@ def greedy_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[SyntheticProblem],
     *,
-    max_new_tokens: int = 64,
+    max_new_tokens: int,
     micro_batch_size: int = 256,
     backend: HFRolloutBackend | None = None,
 ) -> float:
@@ -151,7 +159,9 @@ def greedy_accuracy(
     was_training = model.training
     model.eval()
     prompts = [prompt_ids(tokenizer, p.question) for p in problems]
-    greedy = backend.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=0))
+    greedy = backend.generate(
+        prompts, SamplingConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=max_new_tokens, seed=0)
+    )
     scored = score_batch("math_dapo", [g.text for g in greedy], [str(p.answer) for p in problems]).results
     model.train(was_training)
     return sum(bool(r["acc"]) for r in scored) / len(problems)
@@ -164,7 +174,7 @@ def evaluate_heldout(
     *,
     k: int,
     seed: int,
-    max_new_tokens: int = 64,
+    max_new_tokens: int,
     micro_batch_size: int = 256,
 ) -> dict[str, float]:
     """Greedy accuracy and k samples at T=1.0 per problem, scored by ``math_dapo``.
@@ -180,7 +190,7 @@ def evaluate_heldout(
     truths = [str(p.answer) for p in problems]
     greedy_acc = greedy_accuracy(model, tokenizer, problems, max_new_tokens=max_new_tokens, backend=backend)
     sampled = backend.generate(
-        prompts, SamplingConfig(n=k, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed)
+        prompts, SamplingConfig(n=k, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=max_new_tokens, seed=seed)
     )  # results[i * k + j]: sample j of problem i
     scored = score_batch("math_dapo", [s.text for s in sampled], [t for t in truths for _ in range(k)]).results
     acc = torch.tensor([bool(r["acc"]) for r in scored], dtype=torch.float32).view(len(problems), k)  # (B, k)
@@ -288,11 +298,7 @@ def run_warm_start(
             stream="probe",
         )
         banned |= {p.question for p in probe_set}
-    optim = OptimConfig(
-        lr=ws.lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=ws.warmup_steps,
-        scheduler="cosine", total_steps=ws.steps, min_lr_ratio=ws.min_lr_ratio,
-    )  # fmt: skip
-    trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
+    trainer = PolicyTrainer(model, ws.optim_config(), micro_batch_size=ws.micro_batch_size)
     batches = sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 
