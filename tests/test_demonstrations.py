@@ -72,6 +72,8 @@ def test_config_carries_the_demonstration_knobs():
 def test_an_old_flat_demonstration_key_names_its_new_place(knob, tmp_path):
     """base_model.<knob> moved to base_model.demos.<knob> (issue 44): given the old way, on the command line or in
     YAML, it is an error that names the new key, never a setting silently ignored."""
+    from flows.base_model import warm_start_settings
+
     new = f"base_model.demos.{knob}"
     with pytest.raises(ConfigError, match=rf"^base_model.{knob} moved to {new}: use --set {new}=VALUE"):
         load_config(recipe="tiny-dapo", overrides=[f"base_model.{knob}=1"])
@@ -82,6 +84,8 @@ def test_an_old_flat_demonstration_key_names_its_new_place(knob, tmp_path):
         match=rf"old.yaml: base_model.{knob} moved to {new}: .*put `{knob}:` under `demos:` in `base_model:`",
     ):
         load_config(old_yaml)
+    with pytest.raises(ConfigError, match=rf"^base_model.{knob} moved to {new}"):  # a stage knob: the same message
+        warm_start_settings(load_config(recipe="tiny-dapo"), **{knob: 1})
 
 
 def test_control_trains_on_from_the_base_model(tmp_path):
