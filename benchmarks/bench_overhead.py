@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.bench_overhead`` (needs the base model and curated data: ``make run`` first; writes
 benchmarks/results/overhead.json and .md). Goal (issue 16): each layer <= 5% of the step time.
 
-Every row runs ``flows.train._train_step`` (the step ``dapo train`` runs: generation batches until dynamic sampling
+Every row runs ``flows.train_step.train_step`` (the step ``dapo train`` runs: generation batches until dynamic sampling
 has filled the batch -> reward -> filter -> update -> weight sync) of the default recipe (params.yaml) from the
 warm-started base model on the curated prompts. Rows of one phase run in one process, interleaved step by step
 (the machine's noise falls on all of them), each with its own executor and prompt sampler from the same seeds, so

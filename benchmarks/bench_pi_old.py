@@ -5,7 +5,7 @@ Run: ``python -m benchmarks.bench_pi_old [--steps 16] [--seed 1]`` (writes bench
 the two final models and the evaluation runs go to outputs/bench-pi-old/). Needs the curated data and the base
 model (``make run``, or ``dapo curate`` + ``dapo base-model``), or ``--base DIR``.
 
-Both rows run ``flows.train._train_step`` (the step ``dapo train`` runs) of the default recipe (params.yaml) from
+Both rows run ``flows.train_step.train_step`` (the step ``dapo train`` runs) of the default recipe (params.yaml) from
 the warm-started base model on the curated prompts, in-process with 2 torch threads, each on its own executor and
 prompt sampler from the same seeds, interleaved step by step (the first row alternates), so the machine's drift
 falls on both. ``recompute`` is the default: one trainer forward over the kept batch gives pi_old (and the

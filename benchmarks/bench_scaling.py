@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.bench_scaling`` (writes benchmarks/results/scaling.json and .md; ~10 min on 2 cores).
 
-Each case runs the default recipe's step (``flows.train._train_step``, params.yaml, the default torch threads) in a
+Each case runs the default recipe's step (``flows.train_step.train_step``, params.yaml, the default torch threads) in a
 fresh process, so its peak memory is its own: x1 is 48 prompts x 8 samples generated, 32 groups trained in 2
 mini-batches, responses of 80 tokens. The batch axis scales the generation batch, the train batch and the
 mini-batch together (2 updates per step at every size); the length axis scales ``data.max_response_length`` (and

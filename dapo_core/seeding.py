@@ -7,20 +7,9 @@ docs/design.md, "Seeds": every sample's seed derives from (trainer.seed, step, g
 from __future__ import annotations
 
 import hashlib
-import random
-
-import numpy as np
-import torch
 
 
 def derive_seed(root: int, *parts: int | str) -> int:
     """A 63-bit seed from ``root`` and any number of position parts (step, gen batch, shard, ...)."""
     text = ":".join(str(p) for p in (root, *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (model init, dropout, data order)."""
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)

@@ -22,6 +22,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -187,6 +190,90 @@ def _prepare_base(common: dict[str, Any], cfg: DapoConfig, base: str | None) -> 
     }
 
 
+@dataclass(frozen=True)
+class _Parent:
+    run_id: str
+    resumed: str | None  # the parent run taken up again (--resume), or None for a new one
+
+
+@contextmanager
+def _parent_run(cfg: DapoConfig, journal: AblationJournal, name: str, resume: bool) -> Iterator[_Parent]:
+    """The ablation's parent MLflow run: the journal's, when resuming and it still exists (the killed ablation's
+    flow run is then marked CRASHED, naming this one), else a new one."""
+    tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
+    parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
+    parent_id = journal.parent_run_id if resume and tracking_store.run_exists(cfg, journal.parent_run_id) else None
+    interrupted = tracking_store.run_tag(cfg, parent_id, "prefect.flow_run_id") if parent_id else None
+    with tracking.start_run(cfg, run_name=parent_name, run_id=parent_id, tags=tags) as parent:
+        journal.set_parent(parent.info.run_id)
+        if flow_runs.mark_resumed(interrupted):
+            tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
+        yield _Parent(parent.info.run_id, parent_id)
+
+
+def _scored_base(
+    common: dict[str, Any], cfg: DapoConfig, base: str | None, k: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base model (``_prepare_base``) with its held-out score at ``k`` and at the runs' validation k (where
+    their curves start); returns it and its evaluation at ``k``."""
+    prepared = _prepare_base(common, cfg, base)
+    base_eval = evaluate_flow(
+        **common, model=prepared["dir"], k=k, metrics_path=None, nested=True, run_name="ablation-eval-base_model"
+    )
+    curve_k = cfg.rollout.val_n
+    base_curve = base_eval if curve_k == k else evaluate_flow(
+        **common, model=prepared["dir"], k=curve_k, metrics_path=None, nested=True,
+        run_name=f"ablation-eval-base_model-k{curve_k}",
+    )  # fmt: skip
+    return {**prepared, "acc": base_eval["mean_acc"], "curve_acc": base_curve["mean_acc"]}, base_eval
+
+
+def _regime_rows(
+    common: dict[str, Any], cfg: DapoConfig, regime: Any, ladder: list[Any], rung_names: list[str], seeds: int,
+    n_steps: int, prepared: dict[str, Any], journal: AblationJournal, k: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """One regime: every rung of the ladder over the seeds, then each control given the dapo rung's training time
+    (its steps' time, not validations or checkpoints); one summary row per rung, in the order asked."""
+    plog = get_run_logger()
+    rows = []
+    for rung in ladder:
+        plog.info("ablation %s / %s (lr %g): %d seed(s) x %d steps", regime.name, rung.name, regime.lr, seeds, n_steps)
+        records = [
+            _train_and_score(common, cfg, rung, regime, seed, n_steps, prepared, journal, k)
+            for seed in range(1, seeds + 1)
+        ]
+        rows.append(summarize_rung(rung.name, records))
+    for control in [n for n in rung_names if n in CONTROL_RUNGS]:
+        dapo = next(r for r in rows if r["name"] == "dapo")
+        budgets = [control_budget(dapo, s, cfg.resources.executor) for s in range(1, seeds + 1)]
+        controls = [
+            run_control(common, cfg, regime, s, b, prepared, journal, k, clean=control == SFT_CONTROL_CLEAN)
+            for s, b in enumerate(budgets, start=1)
+        ]
+        rows.append(summarize_rung(control, controls))
+    rows.sort(key=lambda r: rung_names.index(r["name"]))
+    return rows
+
+
+def _base_record(base_eval: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    """The base model's lines of the report: its score, the seed that scored it, its stop split, where it is."""
+    return {
+        "eval_seed": base_eval.get("seed"),
+        "base_acc": base_eval["mean_acc"],
+        "base_stop": stop_split(base_eval.get("metrics", {})),
+        "base_model": base_dir,
+    }
+
+
+def _config_record(common: dict[str, Any], ladder: list[Any]) -> dict[str, Any]:
+    """The report's config: the user's overrides and each rung's. tracking.* is left out: a store URI may carry
+    credentials, and the report may be committed."""
+    return {
+        "overrides": [o for o in common["overrides"] if not o.startswith("tracking.")],
+        "ladder": {r.name: r.overrides() for r in ladder},
+    }
+
+
 @flow(name="dapo-ablation", log_prints=False, validate_parameters=True)
 def ablation_flow(
     config_path: str | None = None,
@@ -214,6 +301,9 @@ def ablation_flow(
     run that other code trained is trained again, and the log says how many. ``eval_k``: samples per held-out
     problem of each final score (default ``DEFAULT_EVAL_K``, Table 1's avg@32); a journaled run scored at another k
     is scored again at this one, not trained again.
+
+    Long because its signature takes the stage's 14 parameters and this docstring explains them; the body (checks,
+    journal, parent run, base model, regimes, report) is ~50 lines.
     """
     plog = get_run_logger()
     if config_path is None and recipe is None:
@@ -238,15 +328,8 @@ def ablation_flow(
     code = code_digest()
     if resume:
         announce_code_changes(journal, code)
-    tags = {"stage": "ablation", "recipe": cfg.recipe or "", **tracking.git_tags()}
-    parent_name = f"ablation-{cfg.recipe}" if name == "ablation" else f"{name}-{cfg.recipe}"
-    parent_id = journal.parent_run_id if resume and tracking_store.run_exists(cfg, journal.parent_run_id) else None
-    interrupted = tracking_store.run_tag(cfg, parent_id, "prefect.flow_run_id") if parent_id else None
-    with tracking.start_run(cfg, run_name=parent_name, run_id=parent_id, tags=tags) as parent:
-        journal.set_parent(parent.info.run_id)
-        if flow_runs.mark_resumed(interrupted):  # the killed ablation's flow run: CRASHED, naming this one
-            tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
-        if parent_id is None:
+    with _parent_run(cfg, journal, name, resume) as parent:
+        if parent.resumed is None:
             tracking.log_params_flat(cfg)
         tracking.set_tags(
             {
@@ -256,63 +339,21 @@ def ablation_flow(
                 "ablation.rungs": ",".join(rung_names),
             }
         )
-        prepared = _prepare_base(common, cfg, base)
-        base_eval = evaluate_flow(
-            **common, model=prepared["dir"], k=k, metrics_path=None, nested=True, run_name="ablation-eval-base_model"
-        )
-        curve_k = cfg.rollout.val_n  # the training runs' own validation: their curves start from this evaluation
-        base_curve = base_eval if curve_k == k else evaluate_flow(
-            **common, model=prepared["dir"], k=curve_k, metrics_path=None, nested=True,
-            run_name=f"ablation-eval-base_model-k{curve_k}",
-        )  # fmt: skip
-        prepared = {**prepared, "acc": base_eval["mean_acc"], "curve_acc": base_curve["mean_acc"]}
+        prepared, base_eval = _scored_base(common, cfg, base, k)
         results: dict[str, Any] = {"regimes": {}}
         for regime in plan:
-            rungs = []
-            for rung in ladder:
-                plog.info("ablation %s / %s (lr %g): %d seed(s) x %d steps", regime.name, rung.name, regime.lr, seeds, n_steps)  # fmt: skip
-                records = [
-                    _train_and_score(common, cfg, rung, regime, seed, n_steps, prepared, journal, k)
-                    for seed in range(1, seeds + 1)
-                ]
-                rungs.append(summarize_rung(rung.name, records))
-            for control in [n for n in rung_names if n in CONTROL_RUNGS]:
-                # a control's budget: the dapo rung's training steps' time (not validations or checkpoints)
-                dapo = next(r for r in rungs if r["name"] == "dapo")
-                clean = control == SFT_CONTROL_CLEAN
-                budgets = [control_budget(dapo, s, cfg.resources.executor) for s in range(1, seeds + 1)]
-                controls = [
-                    run_control(common, cfg, regime, s, b, prepared, journal, k, clean=clean)
-                    for s, b in enumerate(budgets, start=1)
-                ]
-                rungs.append(summarize_rung(control, controls))
-            rungs.sort(key=lambda r: rung_names.index(r["name"]))
-            results["regimes"][regime.name] = {"lr": regime.lr, "rungs": rungs}
-            tracking.log_metrics({f"ablation/{regime.name}/{r['name']}/mean": r["mean"] for r in rungs}, step=n_steps)
+            rows = _regime_rows(common, cfg, regime, ladder, rung_names, seeds, n_steps, prepared, journal, k)
+            results["regimes"][regime.name] = {"lr": regime.lr, "rungs": rows}
+            tracking.log_metrics({f"ablation/{regime.name}/{r['name']}/mean": r["mean"] for r in rows}, step=n_steps)
         results.update(
             {
-                "recipe": cfg.recipe,
-                "steps": n_steps,
-                "num_seeds": seeds,
-                "k": k,
-                "curve_k": curve_k,
-                "eval_seed": base_eval.get("seed"),
-                "base_acc": base_eval["mean_acc"],
-                "base_stop": stop_split(base_eval.get("metrics", {})),
-                "base_model": prepared["dir"],
-                # tracking.* left out: a store URI may carry credentials, and the report may be committed
-                "config": {
-                    "overrides": [o for o in common["overrides"] if not o.startswith("tracking.")],
-                    "ladder": {r.name: r.overrides() for r in ladder},
-                },
-                "date": datetime.now().isoformat(timespec="seconds"),
-                "parent_run_id": parent.info.run_id,
-                "wall_s": time.perf_counter() - t0,
-                "reused_runs": journal.reused,
-                "retrained_for_code": journal.retrained_for_code,
-                "code_digest": code,
+                "recipe": cfg.recipe, "steps": n_steps, "num_seeds": seeds, "k": k, "curve_k": cfg.rollout.val_n,
+                **_base_record(base_eval, prepared["dir"]), "config": _config_record(common, ladder),
+                "date": datetime.now().isoformat(timespec="seconds"), "parent_run_id": parent.run_id,
+                "wall_s": time.perf_counter() - t0, "reused_runs": journal.reused,
+                "retrained_for_code": journal.retrained_for_code, "code_digest": code,
             }
-        )
+        )  # fmt: skip
         paths = write_report(results, out_dir, name=name)
         for path in (paths.json, paths.md, paths.png):
             tracking.log_artifact(path, "ablation")

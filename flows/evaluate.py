@@ -44,6 +44,21 @@ def default_run_name(model: T.ResolvedModel) -> str:
     return "eval-" + re.sub(r"[^A-Za-z0-9_.@-]+", "-", what).strip("-")
 
 
+def _eval_tags(cfg: Any, resolved: T.ResolvedModel, files: list[str], k: int, seed: int) -> dict[str, str]:
+    """What an evaluation run is of: the model, the data (DVC's and the files' digests), k and the seed."""
+    return {
+        **tracking.git_tags(),
+        "stage": "evaluate",
+        "recipe": cfg.recipe,
+        "model.id": resolved.uri,
+        "data.dvc_md5": dvc_recorded_md5(),
+        "data.eval_digest": file_digest(files),
+        "eval.k": str(k),
+        "eval.seed": str(seed),
+        **resolved.tags(),
+    }
+
+
 @flow(name="dapo-evaluate", log_prints=False, validate_parameters=True)
 def evaluate_flow(
     config_path: str | None = None,
@@ -70,24 +85,10 @@ def evaluate_flow(
     files = list(data) if data else list(cfg.data.val_files)
     n = k if k is not None else cfg.rollout.val_n
     ev = cfg.evaluation
-    if seed is not None:
-        sample_seed = seed
-    else:
-        sample_seed = ev.seed if ev.seed is not None else T.eval_seed(cfg)
+    sample_seed = seed if seed is not None else (ev.seed if ev.seed is not None else T.eval_seed(cfg))
     resolved = T.resolve_model(cfg, model or cfg.model.path)
     records = T.load_problems(files)
-    tags = {
-        **tracking.git_tags(),
-        "stage": "evaluate",
-        "recipe": cfg.recipe,
-        "model.id": resolved.uri,
-        "data.dvc_md5": dvc_recorded_md5(),
-        "data.eval_digest": file_digest(files),
-        "eval.k": str(n),
-        "eval.seed": str(sample_seed),
-        **resolved.tags(),
-        **(extra_tags or {}),
-    }
+    tags = {**_eval_tags(cfg, resolved, files, n, sample_seed), **(extra_tags or {})}
     with tracking.start_run(cfg, run_name=run_name or default_run_name(resolved), nested=nested, tags=tags) as run:
         run_id = run.info.run_id
         tracking.log_params_flat(cfg, run_id=run_id)

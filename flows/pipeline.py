@@ -136,6 +136,27 @@ def _dvc_commit(plog: Any) -> bool:
     return True
 
 
+def _accuracies(base_eval: dict[str, Any], final_eval: dict[str, Any]) -> dict[str, Any]:
+    """Held-out accuracy and stop split of the base model and of the policy after RL."""
+    return {
+        "base_acc": base_eval["mean_acc"],
+        "final_acc": final_eval["mean_acc"],
+        "base_stop": stop_split(base_eval.get("metrics", {})),
+        "final_stop": stop_split(final_eval.get("metrics", {})),
+    }
+
+
+def _dvc_stage(stages: _Stages, plog: Any, dvc_commit: bool) -> bool:
+    """The last stage line: the outputs recorded in dvc.lock (or why not); whether they were."""
+    with stages.run("dvc commit") as s:
+        committed = _dvc_commit(plog) if dvc_commit else False
+        if committed:
+            s["what"] = "stage outputs recorded in dvc.lock"
+        else:
+            s["what"] = "not recorded (see the warning above)" if dvc_commit else "skipped (dvc_commit=False)"
+    return committed
+
+
 @flow(name="dapo-pipeline", log_prints=False, validate_parameters=True)
 def pipeline_flow(
     config_path: str | None = None,
@@ -146,7 +167,9 @@ def pipeline_flow(
 ) -> dict[str, Any]:
     """Curate -> base model -> train -> evaluate; returns each stage's summary and base -> final accuracy.
 
-    ``log_file``: this run's log (written by the caller), logged as an artifact of the parent MLflow run."""
+    ``log_file``: this run's log (written by the caller), logged as an artifact of the parent MLflow run.
+
+    Long because it reads as the pipeline: one ``stages.run(...)`` block per stage, in order, in one parent run."""
     plog = get_run_logger()
     common = {"config_path": config_path, "recipe": recipe, "overrides": list(overrides or [])}
     cfg = load_config(config_path=config_path, recipe=recipe, overrides=overrides or [])
@@ -186,19 +209,11 @@ def pipeline_flow(
                 controls = run_controls(common, cfg, base["output_dir"], trained["run_id"], data_tags)
                 s["what"] = _controls_line(controls)
         summary = {
-            "curate": curated,
-            "base_model": base,
+            "curate": curated, "base_model": base, "controls": controls, "k": final_eval.get("n"),
             "train": {k: v for k, v in trained.items() if k != "final_metrics"},
-            "base_acc": base_eval["mean_acc"],
-            "final_acc": final_eval["mean_acc"],
-            "base_stop": stop_split(base_eval.get("metrics", {})),
-            "final_stop": stop_split(final_eval.get("metrics", {})),
-            "controls": controls,
-            "k": final_eval.get("n"),
-            "parent_run_id": run.info.run_id,
-            "tracking_uri": resolved_tracking_uri(cfg),
-            "wall_s": time.perf_counter() - t0,
-        }
+            **_accuracies(base_eval, final_eval), "parent_run_id": run.info.run_id,
+            "tracking_uri": resolved_tracking_uri(cfg), "wall_s": time.perf_counter() - t0,
+        }  # fmt: skip
         tracking.log_metrics(
             {"pipeline/base_acc": summary["base_acc"], "pipeline/final_acc": summary["final_acc"],
              **{f"pipeline/{c['name']}_acc": c["acc"] for c in controls}},
@@ -206,20 +221,11 @@ def pipeline_flow(
         )  # fmt: skip
         if log_file and Path(log_file).is_file():
             tracking.log_artifact(log_file, "logs")
-    with stages.run("dvc commit") as s:
-        summary["dvc_committed"] = _dvc_commit(plog) if dvc_commit else False
-        if summary["dvc_committed"]:
-            s["what"] = "stage outputs recorded in dvc.lock"
-        else:
-            s["what"] = "not recorded (see the warning above)" if dvc_commit else "skipped (dvc_commit=False)"
+    summary["dvc_committed"] = _dvc_stage(stages, plog, dvc_commit)
     plog.info(
         "pipeline done in %.0fs: held-out avg@%s %.3f (base model) -> %.3f (after %s)",
-        summary["wall_s"],
-        summary["k"],
-        summary["base_acc"],
-        summary["final_acc"],
-        run_name,
-    )
+        summary["wall_s"], summary["k"], summary["base_acc"], summary["final_acc"], run_name,
+    )  # fmt: skip
     return summary
 
 

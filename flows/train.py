@@ -9,33 +9,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 from prefect import flow, get_run_logger
 from prefect.utilities.annotations import quote
 
-from dapo_core.algorithm import GroupAccumulator
-from dapo_core.algorithm import metric_names as mn
 from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
-from dapo_core.config.schema import resolved_run_name
+from dapo_core.config.schema import resolved_data_seed, resolved_run_name
 from dapo_core.engines.checkpoint import latest_checkpoint
 from dapo_core.faults import fault_point
-from dapo_core.seeding import derive_seed
 from dapo_core.training.health import HealthMonitor
 from dapo_core.training.overlap import RolloutPrefetcher
 from dapo_core.training.prompts import PromptSampler
-from dapo_core.training.step import zero_variance_flags
+from flows.train_step import RunState
+from flows.train_step import train_step as _train_step  # called by this name: tests replace it to crash a step
 from tasks import flow_runs, tracking, tracking_store
 from tasks import train as T
-from tasks.train_logging import (
-    HeldMetrics,
-    finish_run_artifacts,
-    run_tags,
-    validate,
-)
+from tasks.train_logging import HeldMetrics, finish_run_artifacts, run_tags, validate
 
 logger = logging.getLogger(__name__)
 
@@ -112,108 +104,101 @@ def train_flow(
     return run_training(cfg, resume=resume, nested=nested, extra_tags=extra_tags or {}, force=force)
 
 
+def _open_state(cfg: DapoConfig, executor: Any, run_name: str, ckpt_root: Path) -> RunState:
+    """The loop's state at step 0: the prompts, the sampler, the health monitor, the prefetcher, the held metrics."""
+    tok = executor.tokenizer
+    train_items = T.load_prompts(cfg.data.train_files, tok, cfg.data.max_prompt_length, "data.train_files")
+    val_items = T.load_prompts(cfg.data.val_files, tok, cfg.data.max_prompt_length, "data.val_files")
+    sampler = PromptSampler(len(train_items), seed=resolved_data_seed(cfg), shuffle=cfg.data.shuffle)
+    prefetcher = RolloutPrefetcher(executor, cfg, train_items, sampler) if cfg.rollout.mode == "one_step_off" else None
+    return RunState(
+        cfg=cfg, executor=executor, train_items=train_items, val_items=val_items, sampler=sampler,
+        health=HealthMonitor(), prefetcher=prefetcher, held=HeldMetrics(enabled=cfg.trainer.save_freq > 0),
+        run_name=run_name, ckpt_root=ckpt_root,
+    )  # fmt: skip
+
+
+def _after_update(run: RunState, step: int, metrics: dict[str, float]) -> None:
+    """The rest of a step: health alerts, validation, then its metrics held until a checkpoint covers them (logged
+    exactly once), the checkpoint when due, and the progress hooks. The fault points mark where a kill is tested."""
+    cfg, plog = run.cfg, get_run_logger()
+    for alert in run.health.update(step, metrics):
+        plog.warning("training-health alert %s at step %d: %s", alert.name, alert.step, alert.message)
+        tracking.set_tags({f"alert.{alert.name}": f"step {alert.step}: {alert.message}"})
+    fault_point("update", step)  # the policy has moved; nothing of this step is saved or logged
+    if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
+        metrics.update(validate(run.executor, quote(run.val_items), quote(cfg), step=step))
+    run.held.hold(metrics, step)
+    due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
+    if due_save or step == cfg.trainer.total_steps:
+        t0 = time.perf_counter()
+        path = T.save_checkpoint(run.executor, run.ckpt_root, step, run.checkpoint_meta())
+        tracking.log_artifacts(path, f"checkpoints/{path.name}")
+        metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
+        run.held.add({"timing_s/save_checkpoint": metrics["timing_s/save_checkpoint"]}, step)
+        run.held.flush()
+    fault_point("between-steps", step)
+    for hook in PROGRESS_HOOKS:
+        hook(step, cfg.trainer.total_steps, metrics)
+
+
+def _start_tracking(run: RunState, resumed: bool, interrupted: str | None) -> None:
+    """A new run: its params and tags, and a validation at step 0 when asked. A resumed one: the link to the flow
+    run it resumes, and the checkpoint's held points logged again (MLflow adds nothing it holds) in case the
+    interrupted run was killed while flushing them; its later points were never logged."""
+    tracking.log_params_flat(run.cfg)
+    if resumed:
+        if flow_runs.mark_resumed(interrupted):
+            tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
+        get_run_logger().info("resuming: %d held step(s) flushed", run.held.flush())
+    elif run.cfg.trainer.val_before_train:
+        validate(run.executor, quote(run.val_items), quote(run.cfg), step=0)
+
+
+def _already_finished(resume_from: dict[str, Any], cfg: DapoConfig, run_name: str, out_dir: Path) -> dict[str, Any]:
+    get_run_logger().info(
+        "--resume: %s already finished (checkpoint %s at step %d of %d, final model %s): nothing to do",
+        run_name, resume_from["path"], resume_from["step"], cfg.trainer.total_steps, out_dir / "final",
+    )  # fmt: skip
+    return {
+        "run_id": resume_from["meta"].get("mlflow_run_id"), "run_name": run_name, "final_metrics": {},
+        "final_model": str(out_dir / "final"), "registered_model": None, "already_finished": True,
+    }  # fmt: skip
+
+
 def run_training(
     cfg: DapoConfig, *, resume: bool, nested: bool, extra_tags: dict[str, str], force: bool = False
 ) -> dict[str, Any]:
-    plog = get_run_logger()
+    """The run: resume or start, then each step (``_train_step``, then ``_after_update``), then the final model."""
     run_name = resolved_run_name(cfg)
     out_dir = Path(cfg.trainer.output_dir) / run_name
-    ckpt_root = out_dir / "checkpoints"
-    resume_from = _resume_state(ckpt_root, resume, cfg, force)
-    if _finished(resume_from, cfg, out_dir):
-        plog.info(
-            "--resume: %s already finished (checkpoint %s at step %d of %d, final model %s): nothing to do",
-            run_name, resume_from["path"], resume_from["step"], cfg.trainer.total_steps, out_dir / "final",
-        )  # fmt: skip
-        return {
-            "run_id": resume_from["meta"].get("mlflow_run_id"), "run_name": run_name, "final_metrics": {},
-            "final_model": str(out_dir / "final"), "registered_model": None, "already_finished": True,
-        }  # fmt: skip
-
+    resume_from = _resume_state(out_dir / "checkpoints", resume, cfg, force)
+    if resume_from is not None and _finished(resume_from, cfg, out_dir):
+        return _already_finished(resume_from, cfg, run_name, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_handler = logging.FileHandler(out_dir / "train.log")
     log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(log_handler)
     executor = T.setup_executor(cfg)
     try:
-        tok = executor.tokenizer
-        train_items = T.load_prompts(cfg.data.train_files, tok, cfg.data.max_prompt_length, "data.train_files")
-        val_items = T.load_prompts(cfg.data.val_files, tok, cfg.data.max_prompt_length, "data.val_files")
-        sampler = PromptSampler(
-            len(train_items),
-            seed=cfg.data.seed if cfg.data.seed is not None else cfg.trainer.seed,
-            shuffle=cfg.data.shuffle,
-        )
-        health = HealthMonitor()
-        prefetcher = (
-            RolloutPrefetcher(executor, cfg, train_items, sampler) if cfg.rollout.mode == "one_step_off" else None
-        )
-        start_step, gen_batches_total, run_id = 0, 0, None
-        held = HeldMetrics(enabled=cfg.trainer.save_freq > 0)  # each step's metrics: logged once per run
+        run = _open_state(cfg, executor, run_name, out_dir / "checkpoints")
+        start_step = 0
         if resume_from is not None:
-            meta = executor.load_checkpoint(resume_from["path"])
-            start_step = int(meta["step"])
-            gen_batches_total = int(meta.get("gen_batches_total", 0))
-            sampler.load_state_dict(meta["sampler"])
-            health.load_state_dict(meta.get("health", {}))
-            if prefetcher is not None:  # what the interrupted run had generated ahead, with the older weights
-                prefetcher.load_state_dict(meta.get("prefetched", []))
-            run_id = meta.get("mlflow_run_id")
-            plog.info("resuming %s from %s (step %d)", run_name, resume_from["path"], start_step)
-
+            start_step = run.restore(executor.load_checkpoint(resume_from["path"]))
+            get_run_logger().info("resuming %s from %s (step %d)", run_name, resume_from["path"], start_step)
         tags = {**run_tags(cfg, run_name), **extra_tags}
         # the flow run of the interrupted process (linked on the MLflow run), before this one's link replaces it
-        interrupted = tracking_store.run_tag(cfg, run_id, "prefect.flow_run_id") if run_id else None
-        with tracking.start_run(cfg, run_name=run_name, run_id=run_id, nested=nested, tags=tags) as run:
-            run_id = run.info.run_id
-            tracking.log_params_flat(cfg)
+        interrupted = tracking_store.run_tag(cfg, run.run_id, "prefect.flow_run_id") if run.run_id else None
+        with tracking.start_run(cfg, run_name=run_name, run_id=run.run_id, nested=nested, tags=tags) as mlrun:
+            run.run_id = mlrun.info.run_id
             tracking.set_tags(tags)
-            if resume_from is not None:
-                if flow_runs.mark_resumed(interrupted):
-                    tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
-                # the checkpoint's held points: logged again (MLflow adds nothing it holds) in case the
-                # interrupted run was killed while flushing them; its later points were never logged
-                held.restore(resume_from["meta"].get("held_metrics", []))
-                plog.info("resuming at step %d: %d held step(s) flushed", start_step, held.flush())
-            elif cfg.trainer.val_before_train:
-                validate(executor, quote(val_items), quote(cfg), step=0)
-
+            _start_tracking(run, resume_from is not None, interrupted)
             last_metrics: dict[str, float] = {}
             for step in range(start_step + 1, cfg.trainer.total_steps + 1):
-                last_metrics, gen_batches_total = _train_step(
-                    executor, train_items, sampler, cfg, step, gen_batches_total, prefetcher
-                )
-                for alert in health.update(step, last_metrics):
-                    plog.warning("training-health alert %s at step %d: %s", alert.name, alert.step, alert.message)
-                    tracking.set_tags({f"alert.{alert.name}": f"step {alert.step}: {alert.message}"})
-                fault_point("update", step)  # the policy has moved; nothing of this step is saved or logged
-                if cfg.trainer.test_freq > 0 and step % cfg.trainer.test_freq == 0:
-                    last_metrics.update(validate(executor, quote(val_items), quote(cfg), step=step))
-                # held until the checkpoint that covers the step is written (HeldMetrics): logged exactly once
-                held.hold(last_metrics, step)
-                due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
-                if due_save or step == cfg.trainer.total_steps:
-                    t0 = time.perf_counter()
-                    meta = {
-                        "config": {k: str(v) for k, v in flatten_config(cfg).items()},  # what --resume compares
-                        "mlflow_run_id": run_id,
-                        "gen_batches_total": gen_batches_total,
-                        "sampler": sampler.state_dict(),
-                        "health": health.state_dict(),
-                        "prefetched": prefetcher.state_dict() if prefetcher is not None else [],
-                        "run_name": run_name,
-                        "held_metrics": held.state(),
-                    }
-                    path = T.save_checkpoint(executor, ckpt_root, step, meta)
-                    tracking.log_artifacts(path, f"checkpoints/{path.name}")
-                    last_metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
-                    held.add({"timing_s/save_checkpoint": last_metrics["timing_s/save_checkpoint"]}, step)
-                    held.flush()
-                fault_point("between-steps", step)
-                for hook in PROGRESS_HOOKS:
-                    hook(step, cfg.trainer.total_steps, last_metrics)
-            summary = finish_run_artifacts(executor, cfg, run_id, run_name, out_dir)
-            summary.update({"run_id": run_id, "run_name": run_name, "final_metrics": last_metrics})
+                last_metrics = _train_step(run, step)
+                _after_update(run, step, last_metrics)
+            summary = finish_run_artifacts(executor, cfg, run.run_id, run_name, out_dir)
+            summary.update({"run_id": run.run_id, "run_name": run_name, "final_metrics": last_metrics})
             return summary
     finally:
         executor.shutdown()
@@ -229,98 +214,3 @@ def _finished(resume_from: dict[str, Any] | None, cfg: DapoConfig, out_dir: Path
         return False
     status = tracking_store.run_status(cfg, resume_from["meta"].get("mlflow_run_id"))
     return status in (None, "FINISHED")  # None: no such run in the store (nothing to finish there)
-
-
-def _train_step(
-    executor: Any,
-    train_items: Sequence[Any],
-    sampler: PromptSampler,
-    cfg: DapoConfig,
-    step: int,
-    gen_batches_total: int,
-    prefetcher: RolloutPrefetcher | None = None,
-) -> tuple[dict[str, float], int]:
-    """One rollout step: generation batches until the batch is full (dynamic sampling), then the update.
-
-    ``prefetcher`` (rollout.mode=one_step_off): the first batch comes from its queue (generated ahead with older
-    weights), and the next steps' first batches are submitted before the update, to generate while it runs."""
-    t_step, cpu_step = time.perf_counter(), time.process_time()
-    ds = cfg.algorithm.dynamic_sampling
-    acc = GroupAccumulator(
-        target_num_groups=cfg.data.train_batch_size,
-        max_num_gen_batches=ds.max_num_gen_batches if ds.enable else 1,
-        on_exhausted=ds.on_exhausted if ds.enable else "continue",
-    )
-    timings = {"gen": 0.0, "reward": 0.0, "filter": 0.0}
-    correct, total, zero_var, groups_seen, gen_idx, failed = 0, 0, 0, 0, 0, 0
-    # quote(): Prefect walks every task argument looking for futures; for a batch of a few hundred responses that
-    # walk took ~0.3 s per task call (a tenth of a tiny step), so the large arguments go in unexamined
-    while acc.need_more():
-        t0 = time.perf_counter()
-        ahead = T.take_prefetched(prefetcher, step) if prefetcher is not None and gen_idx == 0 else None
-        if ahead is not None:
-            items, results, version = ahead.items, ahead.results, ahead.version
-        else:
-            items = [train_items[i] for i in sampler.next_indices(cfg.data.gen_batch_size)]
-            version = executor.weight_version
-            results = T.rollout(
-                executor, quote(items), quote(cfg), derive_seed(cfg.trainer.seed, "train", step, gen_idx)
-            )
-        fault_point("rollout", step)  # samples generated, not yet scored
-        t1 = time.perf_counter()
-        batch, flags, parts = T.score_and_filter(executor, quote(items), quote(results), quote(cfg), version)
-        timings["gen"] += t1 - t0
-        timings["reward"] += time.perf_counter() - t1 - parts["filter"]  # the task run's own cost included
-        timings["filter"] += parts["filter"]
-        acc.add(batch.groups, flags)
-        gen_idx += 1
-        failed += batch.num_failed_rewards
-        correct += sum(sum(g.acc) for g in batch.groups)
-        total += sum(len(g.acc) for g in batch.groups)
-        zero_var += sum(zero_variance_flags(batch))
-        groups_seen += len(batch.groups)
-    groups = acc.take()
-    if prefetcher is not None:  # the next steps' first batches generate during this update (on Ray)
-        t0 = time.perf_counter()
-        T.prefetch(prefetcher, step)
-        timings["prefetch_submit"] = time.perf_counter() - t0
-    if groups:
-        metrics, t_update = T.update_policy(executor, quote(groups), quote(cfg))
-        t0 = time.perf_counter()
-        T.sync_weights(executor)
-        timings["sync_weights"] = time.perf_counter() - t0
-        if executor.last_sync is not None:
-            metrics[mn.PERF_SYNC_BYTES] = float(executor.last_sync.bytes)
-            metrics[mn.TIMING_WEIGHT_SYNC] = executor.last_sync.seconds
-        timings.update(t_update)
-    else:
-        # graceful dynamic sampling kept nothing: no group has signal, so there is no gradient to follow
-        get_run_logger().warning(
-            "step %d: dynamic sampling kept no group in %d generation batches: skipping the update", step, gen_idx
-        )
-        metrics = {"perf/batch_tokens": 0.0}
-    gen_batches_total += gen_idx
-    step_time = time.perf_counter() - t_step
-    timings["step"] = step_time
-    metrics.update({f"timing_s/{k}": v for k, v in timings.items()})
-    metrics.update(
-        {
-            "train/step": float(step),
-            "train/gen_batches_total": float(gen_batches_total),
-            "train/num_gen_batches": float(gen_idx),
-            "train/acc/mean": correct / max(total, 1),
-            "train/kept_groups_frac": acc.kept_groups_frac,
-            "train/zero_std_groups_frac": zero_var / max(groups_seen, 1),
-            "train/num_groups": float(len(groups)),
-            "train/update_skipped": float(not groups),
-            "reward/num_failed": float(failed),
-            "perf/time_per_step": step_time,
-            # this process's CPU seconds (all its threads): the step's compute with the local executor, less
-            # sensitive than wall time to other jobs on the machine (the ablation's control budget)
-            "perf/cpu_time_per_step": time.process_time() - cpu_step,
-            "perf/total_num_tokens": metrics.pop("perf/batch_tokens"),
-            "perf/cpu_memory_used_gb": psutil.Process().memory_info().rss / 2**30,
-        }
-    )
-    metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / step_time
-    return metrics, gen_batches_total

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/ui_screenshots.py --out /tmp/shots --keep
     .venv/bin/python scripts/ui_screenshots.py --prefect-url http://127.0.0.1:4300 --mlflow-url http://127.0.0.1:5300
 
-By default it starts what `make ui` starts (a Prefect server, an MLflow server and `dapo serve`, flows/ui.py) on
+By default it starts what `make ui` starts (a Prefect server, an MLflow server and `dapo serve`, flows/services/ui.py) on
 free ports with their own stores in a temporary directory, where `dapo serve` also runs: the user's .prefect,
 mlflow.db, outputs/ and a running `make ui` are not touched. Then, as a user would, it triggers two tiny runs from
 the Prefect UI's Custom run form (the ``pipeline`` deployment with the tiny-dapo recipe, then ``train`` with
@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows import ui
-from flows import ui_browser as B
+from flows.services import browser as B
+from flows.services import ui
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

@@ -284,7 +284,7 @@ def write_curated(root) -> str:
 @pytest.mark.slow
 def test_flow_logs_to_mlflow_and_is_cached(prefect_harness, tmp_path) -> None:
     from flows.base_model import base_model_flow
-    from flows.cli_base import register
+    from flows.cli.base_model import register
 
     val = write_curated(tmp_path)
     overrides = [
@@ -335,7 +335,7 @@ def test_flow_logs_to_mlflow_and_is_cached(prefect_harness, tmp_path) -> None:
 
 
 def test_cli_rejects_bad_knobs_cleanly(tmp_path) -> None:
-    from flows.cli_base import register
+    from flows.cli.base_model import register
 
     app = typer.Typer()
     register(app)

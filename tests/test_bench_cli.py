@@ -1,4 +1,4 @@
-"""`dapo bench` (flows/cli_bench.py) and the benchmark summary (benchmarks/summary.py).
+"""`dapo bench` (flows/cli/bench.py) and the benchmark summary (benchmarks/summary.py).
 
 No real benchmark runs here: the commands that run suites do so in a temporary checkout whose benchmarks/ holds
 the real suites.py and summary.py beside stand-in suites that only record that they ran.
@@ -19,8 +19,8 @@ from types import ModuleType
 import pytest
 from typer.testing import CliRunner
 
-from flows import cli_bench
 from flows.cli import app
+from flows.cli import bench as cli_bench
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from dapo_core.config import dump_yaml, load_config
-from flows.console import route_logs
+from flows.cli.console import route_logs
 from tasks import progress
 from tasks.base_model import warm_start_fields
 from tasks.train import step_progress

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dapo_core.data.loaders import file_md5
 from dapo_core.data.schema import read_rl_parquet
-from flows.cli_data import register
+from flows.cli.data import register
 from flows.curate import curate_flow, generate_flow
 from tasks.data import dvc_dir_md5, resolve_curation
 

@@ -18,7 +18,7 @@ from dapo_core.data.schema import ProblemRecord, read_rl_parquet, write_rl_parqu
 from dapo_core.engines.executor import LocalExecutor
 from dapo_core.engines.models import ModelNotFoundError
 from dapo_core.training.prompts import encode_prompts
-from flows.cli_eval import register
+from flows.cli.evaluate import register
 from flows.evaluate import evaluate_flow
 from tasks import tracking
 from tasks.evaluate import TABLE_FILE, evaluate_items, resolve_model_uri

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_core.algorithm import policy_loss
+from dapo_core.algorithm.objectives import OBJECTIVES, ppo_clip_token_losses
 from dapo_core.algorithm.policy_loss import POLICY_LOSS_MODES
 from dapo_core.config import ConfigError, load_config
 from dapo_core.config.algorithm import objective_bounds
@@ -94,6 +95,57 @@ def test_cispo_loss_value_is_the_clipped_weighted_advantage() -> None:
     loss, _ = policy_loss(new, old, adv, mask, mode="cispo", clip_low=0.2, clip_high=0.3, loss_agg="token-mean")
     w = torch.clamp(torch.exp(new - old), 0.8, 1.3).detach()
     torch.testing.assert_close(loss, -(w * adv.unsqueeze(-1) * mask).sum() / mask.sum())
+
+
+def _ppo_clip_reference(new, old, adv, mask, lo, hi, c):
+    """DAPO Eq. 8-10 (+ dual clip) written out, token-mean, and the metrics from their definitions: the per-token
+    losses (N, T), the loss and the metrics dict ``policy_loss`` returns."""
+    a = adv.unsqueeze(-1)  # (N, 1)
+    r = torch.exp(torch.clamp(new - old, -20.0, 20.0))  # (N, T)  r_it, Eq. 9
+    per_token = -torch.minimum(r * a, torch.clamp(r, 1 - lo, 1 + hi) * a)  # (N, T)  Eq. 8/10
+    if c is not None:
+        per_token = torch.where(a < 0, torch.minimum(per_token, -c * a), per_token)  # dual clip: <= -c A for A < 0
+    loss = (per_token * mask).sum() / mask.sum()  # Eq. 12, token-mean
+    a = a.expand_as(r)
+    high = (a > 0) & (r > 1 + hi)  # the upper bound is the active term of the min
+    low = (a < 0) & (r < 1 - lo)  # the lower bound is
+    dual = (a < 0) & (r > c) if c is not None else torch.zeros_like(high)
+
+    def share(flags):
+        return float((flags.to(mask.dtype) * mask).sum() / mask.sum())
+
+    metrics = {
+        "pg_loss": float(loss),
+        "pg_clipfrac": share(high | low),
+        "pg_clipfrac_high": share(high),
+        "pg_clipfrac_low": share(low),
+        "pg_clipfrac_dual": share(dual),
+        "ppo_kl": float((-torch.clamp(new - old, -20.0, 20.0) * mask).sum() / mask.sum()),
+    }
+    return per_token, loss, metrics
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("clip_c", [None, 3.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_registered_ppo_clip_is_bit_identical_to_the_clipped_surrogate(seed: int, clip_c, dtype) -> None:
+    """ppo-clip is a registered objective like the successors, and ``policy_loss(mode="ppo-clip")`` through it gives
+    exactly (bit for bit) the loss and metrics of Eq. 8-10 written out, with both bounds (and the dual clip) active."""
+    assert OBJECTIVES["ppo-clip"] is ppo_clip_token_losses and POLICY_LOSS_MODES[0] == "ppo-clip"
+    new, old, adv, mask = (x.detach().to(dtype) for x in _batch(seed, spread=0.8, n=16, t=12))
+    new.requires_grad_(True)
+    lo, hi = 0.2, 0.28
+    per_token, want_loss, want = _ppo_clip_reference(new, old, adv, mask, lo, hi, clip_c)
+    assert want["pg_clipfrac_high"] > 0 and want["pg_clipfrac_low"] > 0  # clipping active on both sides
+    assert clip_c is None or want["pg_clipfrac_dual"] > 0
+    loss, metrics = policy_loss(
+        new, old, adv, mask, mode="ppo-clip", clip_low=lo, clip_high=hi, clip_c=clip_c, loss_agg="token-mean"
+    )
+    assert torch.equal(loss, want_loss)
+    assert metrics == want
+    terms = OBJECTIVES["ppo-clip"](new, old, adv.unsqueeze(-1), mask, clip_low=lo, clip_high=hi, clip_c=clip_c)
+    assert torch.equal(terms.losses * mask, per_token * mask)
+    torch.testing.assert_close(_grad(loss, new), _grad(want_loss, new), rtol=0, atol=0)
 
 
 # ---------------- on-policy: the PPO-clip gradient ----------------
@@ -232,6 +284,14 @@ def test_successor_recipes_resolve_to_their_papers_settings(recipe, mode, bounds
     assert cfg.algorithm.norm_adv_by_std is norm_adv
     if recipe == "tiny-drgrpo":
         assert loss.norm_length == cfg.data.max_response_length  # one constant for every response
+
+
+def test_the_config_offers_exactly_the_registered_objectives() -> None:
+    from typing import get_args
+
+    from dapo_core.config.algorithm import PolicyLossMode
+
+    assert get_args(PolicyLossMode) == POLICY_LOSS_MODES == tuple(OBJECTIVES)
 
 
 def test_a_bad_objective_setting_is_a_clear_config_error() -> None:

@@ -113,10 +113,10 @@ def _crash_then_resume(cfg, root: Path, monkeypatch, crash_step: int) -> dict:
 
     real_step = ft._train_step
 
-    def crash(executor, items, sampler, cfg_, step, gen_total, *rest):
+    def crash(run_state, step):
         if step == crash_step:
             raise RuntimeError(f"simulated crash in step {step}")
-        return real_step(executor, items, sampler, cfg_, step, gen_total, *rest)
+        return real_step(run_state, step)
 
     monkeypatch.setattr(ft, "_train_step", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -15,7 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from dapo_core.config import load_config
 from dapo_core.engines.models import build_tiny_qwen2
-from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, static_decode
+from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, static_decode, static_layer
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 
 
@@ -200,9 +200,9 @@ def test_pair_order_rope_is_transformers_rope(dtype) -> None:
     q = torch.randn(1, 3, 40, head_dim, generator=torch.Generator().manual_seed(0)).to(dtype)  # (1, heads, S, D)
     expected, _ = apply_rotary_pos_emb(q, q, cos, sin)  # (1, heads, S, D)
     rot = static_decode._rotation_table(cos[0], sin[0])  # (S, D/2)
-    pairs = static_decode._pair_order(q[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T  # (S*3, D)
-    got = static_decode._rotate_pairs(pairs.contiguous().view(40, 3, head_dim // 2, 2), rot[:, None])  # (S, 3, D)
-    ordered = static_decode._pair_order(expected[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T
+    pairs = static_layer.pair_order(q[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T  # (S*3, D)
+    got = static_layer.rotate_pairs(pairs.contiguous().view(40, 3, head_dim // 2, 2), rot[:, None])  # (S, 3, D)
+    ordered = static_layer.pair_order(expected[0].transpose(0, 1).reshape(40 * 3, head_dim).T, 1, head_dim).T
     tol = {torch.float32: 1e-6, torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
     assert torch.allclose(got.reshape(40 * 3, head_dim).double(), ordered.double(), atol=tol, rtol=0)
     assert not torch.allclose(got.reshape(40 * 3, head_dim).double(), pairs.double(), atol=tol, rtol=0)  # it rotates

@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 
 from dapo_core.config import ConfigError, load_config
 from flows import serve as S
-from flows.ui import free_port
+from flows.services.ui import free_port
 from tasks import tracking
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,22 +54,25 @@ def test_every_parameter_has_a_type_a_default_and_help(stage):
 
 
 def test_named_parameters_become_overrides_that_the_config_accepts():
-    overrides = S._with_keys(
-        ["trainer.total_steps=3"],
+    from flows.stage_params import TRAIN, stage_values
+
+    v = stage_values(
+        TRAIN,
         {
-            "tracking.run_name": "ui-run",
-            "model.path": "runs:/abc/model",
-            "data.train_files": ["a b.parquet"],
-            "x": None,
+            "overrides": ["trainer.total_steps=3"],
+            "run_name": "ui-run",
+            "model_path": "runs:/abc/model",
+            "train_files": ["a b.parquet"],
+            "lr": None,
         },
     )
-    assert overrides == [
+    assert v.overrides == [
         "trainer.total_steps=3",
         'tracking.run_name="ui-run"',
         'model.path="runs:/abc/model"',
         'data.train_files=["a b.parquet"]',
     ]
-    cfg = load_config(config_path=PARAMS, overrides=overrides, env={})
+    cfg = load_config(config_path=PARAMS, overrides=v.overrides, env={})
     assert (cfg.tracking.run_name, cfg.model.path, cfg.data.train_files) == (
         "ui-run",
         "runs:/abc/model",
@@ -101,7 +104,7 @@ def test_defaults_match_the_flows_and_names_are_stable():
     # loaded by module path: the flow-run processes import them from any working directory
     assert [d.entrypoint for d in deployments] == [f"flows.serve.{fl.fn.__name__}" for fl in S.DEPLOYMENTS.values()]
     # `dapo ui start` waits for exactly these (a race once let it return before `pipeline` was registered)
-    from flows.ui import SERVED_STAGES
+    from flows.services.ui import SERVED_STAGES
 
     assert list(SERVED_STAGES) == list(S.DEPLOYMENTS)
 

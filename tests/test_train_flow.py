@@ -77,10 +77,10 @@ def test_resume_after_a_crash_gives_identical_weights_and_history(tmp_path, monk
     cfg = make_train_cfg(tmp_path / "b", *base, "tracking.run_name=crashy")
     real_step = ft._train_step
 
-    def crash_at_4(executor, items, sampler, cfg_, step, gen_total, *rest):
+    def crash_at_4(run_state, step):
         if step == 4:
             raise RuntimeError("simulated crash in step 4")
-        return real_step(executor, items, sampler, cfg_, step, gen_total, *rest)
+        return real_step(run_state, step)
 
     monkeypatch.setattr(ft, "_train_step", crash_at_4)
     with pytest.raises(RuntimeError, match="simulated crash"):

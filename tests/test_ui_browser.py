@@ -1,7 +1,7 @@
 """The UIs in a real browser: a run started from the Prefect UI's deployment form completes, and its MLflow run shows
 in the MLflow UI's runs table with its metric charts.
 
-Headless Chromium (Debian's ``chromium``, driven by Playwright; flows/ui_browser.py) against `dapo ui start`'s
+Headless Chromium (Debian's ``chromium``, driven by Playwright; flows/services/browser.py) against `dapo ui start`'s
 processes on free ports: a Prefect server (UI + API), an MLflow server over this test's SQLite store and `dapo serve`
 in a temporary working directory. ``make test`` installs Chromium where it is missing; without it the test is skipped
 outside CI and fails in CI (CI=true).
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from flows import ui
-from flows import ui_browser as B
+from flows.services import browser as B
+from flows.services import ui
 from tasks import tracking
 
 pytestmark = pytest.mark.slow

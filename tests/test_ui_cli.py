@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows import ui
+from flows.services import ui
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -55,7 +55,7 @@ def _pids(state: Path) -> dict[str, int]:
 def test_start_status_stop_real_servers(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from flows.cli_pipeline import _running_ui_api
+    from flows.cli.pipeline import _running_ui_api
 
     # an experiment in the store beforehand: the MLflow server must show this store, not another one
     MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").create_experiment("ui-test-store")

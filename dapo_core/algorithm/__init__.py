@@ -9,11 +9,13 @@ from dapo_core.algorithm.dynamic_sampling import (
 )
 from dapo_core.algorithm.entropy import entropy_from_logits, log_probs_from_logits, token_probs
 from dapo_core.algorithm.masked import masked_mean, masked_sum
+from dapo_core.algorithm.objectives import OBJECTIVES, register_objective
 from dapo_core.algorithm.overlong import overlong_filter_mask, overlong_penalty
 from dapo_core.algorithm.policy_loss import policy_loss
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "OBJECTIVES",
     "DynamicSamplingExhausted",
     "GroupAccumulator",
     "agg_loss",
@@ -29,5 +31,6 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "register_loss_agg",
+    "register_objective",
     "token_probs",
 ]

@@ -1,16 +1,18 @@
-"""The clipped policy-gradient objective of DAPO (Eq. 8-10) and of the GRPO baseline.
+"""The policy-gradient loss of DAPO (Eq. 8-12) and of the GRPO baseline and DAPO's successors.
 
-For each response token (i, t), with r = pi_theta / pi_old and advantage A_i:
+One loss, in four steps, for each response token (i, t) of a (N, T) batch:
 
-    L_it = -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)          # DAPO Eq. 8 (Clip-Higher, Eq. 10)
+    L_it = objective(log pi_theta, log pi_old, A, mask)        # registered by name (``objectives.OBJECTIVES``)
+    L_it <- w_it * L_it                                         # rollout correction's TIS weights (constant; none = 1)
+    loss = agg(L, mask)                                         # DAPO Eq. 12 token-mean, GRPO Eq. 2, Dr. GRPO, ...
+    metrics: pg_loss, the pg_clipfrac* shares of clipped tokens, ppo_kl
 
-and, with dual-clip (Ye et al. 2020, used by verl's DAPO recipe with c = 10), for A < 0 the loss is further
-bounded: L_it = min(L_it, -c * A), so a very large ratio on a negative-advantage token cannot blow up the loss.
-GRPO is the same function with eps_high = eps_low and ``loss_agg="seq-mean-token-mean"``.
-
-``mode`` swaps the per-token objective for one of DAPO's successors (``dapo_core.algorithm.objectives``): ``gspo``
-(sequence-level ratio and clip), ``cispo`` (clipped, stop-gradient importance weight), ``gmpo`` (geometric mean of
-token ratios); ``clip_low``/``clip_high`` are then that objective's bounds and ``clip_c`` is not used.
+``mode`` names the objective: ``ppo-clip`` is DAPO's clipped surrogate with Clip-Higher (eps_low / eps_high,
+Eq. 8-10) and the optional dual clip (``clip_c``); GRPO is the same with eps_high = eps_low and
+``loss_agg="seq-mean-token-mean"``. ``gspo`` (sequence-level ratio and clip), ``cispo`` (clipped, stop-gradient
+importance weight) and ``gmpo`` (geometric mean of token ratios) are DAPO's successors; ``clip_low``/``clip_high`` are
+then that objective's bounds and ``clip_c`` is not used. Each objective and its equations: ``dapo_core.algorithm.
+objectives``.
 """
 
 from __future__ import annotations
@@ -20,14 +22,11 @@ from torch import Tensor
 
 from dapo_core.algorithm.aggregation import agg_loss
 from dapo_core.algorithm.masked import masked_mean
-from dapo_core.algorithm.objectives import (
-    LOG_RATIO_CLAMP,
-    cispo_token_losses,
-    gmpo_token_losses,
-    gspo_token_losses,
-)
+from dapo_core.algorithm.objectives import LOG_RATIO_CLAMP, OBJECTIVES, TokenLosses
 
-POLICY_LOSS_MODES: tuple[str, ...] = ("ppo-clip", "gspo", "cispo", "gmpo")
+# The built-in objectives, in registration order ("ppo-clip", "gspo", "cispo", "gmpo"); ``OBJECTIVES`` is the
+# registry ``policy_loss`` dispatches on.
+POLICY_LOSS_MODES: tuple[str, ...] = tuple(OBJECTIVES)
 
 
 def policy_loss(
@@ -46,7 +45,7 @@ def policy_loss(
     norm_length: float | None = None,
     token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """Clipped surrogate loss with decoupled clip range, optional dual-clip and a chosen aggregation.
+    """The named objective's per-token losses, weighted and aggregated, and their diagnostics.
 
     Args:
         log_probs: (N, T) log pi_theta(o_t | q, o_<t) of the sampled tokens (requires grad).
@@ -69,76 +68,48 @@ def policy_loss(
         pg_loss, pg_clipfrac (any side), pg_clipfrac_high, pg_clipfrac_low, pg_clipfrac_dual, ppo_kl;
         all masked token means over this call's tokens.
     """
+    _check_inputs(log_probs, old_log_probs, advantages, response_mask, token_weights)
+    _check_bounds(mode, clip_low, clip_high, clip_c)
+    mask = response_mask.to(log_probs.dtype)  # (N, T)
+    old_log_probs = old_log_probs.detach()  # (N, T)  pi_old is a constant
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)  # (N, 1) broadcast over T
+    advantages = advantages.detach().to(log_probs.dtype)  # (N, 1) or (N, T)  A_i, a constant
+    objective = OBJECTIVES[mode]
+    terms = objective(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c)
+    loss = _weighted_agg(
+        terms.losses, mask, token_weights, loss_agg,
+        global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,
+    )  # fmt: skip
+    return loss, _diagnostics(loss, terms, log_probs, old_log_probs, mask)
+
+
+def _check_inputs(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor, token_weights: Tensor | None
+) -> None:
+    """The shapes ``policy_loss`` needs: one (N, T) for the log-probs and the mask (and the token weights), and
+    advantages with N rows."""
     if not (log_probs.shape == old_log_probs.shape == response_mask.shape):
         raise ValueError(
             "log_probs, old_log_probs and response_mask must share one (N, T) shape; got "
             f"{tuple(log_probs.shape)}, {tuple(old_log_probs.shape)}, {tuple(response_mask.shape)}"
         )
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)  # (N, 1) broadcast over T
     if advantages.shape[0] != log_probs.shape[0]:
         raise ValueError(f"advantages has {advantages.shape[0]} rows, log_probs has {log_probs.shape[0]}")
     if token_weights is not None and token_weights.shape != log_probs.shape:
         raise ValueError(f"token_weights {tuple(token_weights.shape)} must match log_probs {tuple(log_probs.shape)}")
-    if mode not in POLICY_LOSS_MODES:
-        raise ValueError(f"unknown policy loss mode {mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
+
+
+def _check_bounds(mode: str, clip_low: float | None, clip_high: float, clip_c: float | None) -> None:
+    """A registered ``mode``, 0 <= clip_low (<= clip_high for ppo-clip), None only for cispo, and c > 1."""
+    if mode not in OBJECTIVES:
+        raise ValueError(f"unknown policy loss mode {mode!r}; valid: {', '.join(OBJECTIVES)}")
     if clip_low is None and mode != "cispo":
         raise ValueError(f"clip_low=None (no lower bound) is a cispo option; mode {mode!r} needs a number")
     if clip_high < 0 or (clip_low is not None and (clip_low < 0 or (mode == "ppo-clip" and clip_high < clip_low))):
         raise ValueError(f"need 0 <= clip_low <= clip_high, got clip_low={clip_low}, clip_high={clip_high}")
     if clip_c is not None and clip_c <= 1.0:
         raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
-
-    mask = response_mask.to(log_probs.dtype)  # (N, T)
-    old_log_probs = old_log_probs.detach()
-    advantages = advantages.detach().to(log_probs.dtype)
-    if mode != "ppo-clip":
-        return _successor_loss(
-            mode, log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-            loss_agg=loss_agg, global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs,
-            norm_length=norm_length, token_weights=token_weights,
-        )  # fmt: skip
-    assert clip_low is not None
-
-    log_ratio = torch.clamp(log_probs - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
-    ratio = torch.exp(log_ratio)  # (N, T)  r_it(theta), DAPO Eq. 9
-
-    # DAPO Eq. 8/10: clip-higher, decoupled eps_low / eps_high
-    pg_losses_unclipped = -advantages * ratio  # (N, T)
-    pg_losses_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # (N, T)
-    pg_losses = torch.maximum(pg_losses_unclipped, pg_losses_clipped)  # (N, T)  = -min(rA, clip(r)A)
-
-    if clip_c is not None:
-        # dual-clip: for A < 0 bound the loss by -c*A (the surrogate can no longer grow without limit)
-        pg_losses_dual = -advantages * clip_c  # (N, T) or (N, 1)
-        bounded = torch.minimum(pg_losses, pg_losses_dual)
-        pg_losses = torch.where(advantages < 0, bounded, pg_losses)  # (N, T)
-
-    loss = _weighted_agg(
-        pg_losses, mask, token_weights, loss_agg,
-        global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,
-    )  # fmt: skip
-
-    # Diagnostics next to the loss (CleanRL style), under no_grad, masked token means.
-    with torch.no_grad():
-        adv = advantages.expand_as(ratio)
-        clipped_any = pg_losses_clipped > pg_losses_unclipped  # the clipped term is the active one
-        clipped_high = clipped_any & (adv > 0) & (ratio > 1.0 + clip_high)
-        clipped_low = clipped_any & (adv < 0) & (ratio < 1.0 - clip_low)
-        if clip_c is not None:
-            clipped_dual = (adv < 0) & (ratio > clip_c)
-        else:
-            clipped_dual = torch.zeros_like(clipped_any)
-        metrics = {
-            "pg_loss": float(loss.detach()),
-            "pg_clipfrac": float(masked_mean(clipped_any.to(mask.dtype), mask)),
-            "pg_clipfrac_high": float(masked_mean(clipped_high.to(mask.dtype), mask)),
-            "pg_clipfrac_low": float(masked_mean(clipped_low.to(mask.dtype), mask)),
-            "pg_clipfrac_dual": float(masked_mean(clipped_dual.to(mask.dtype), mask)),
-            # k1 estimator of KL(pi_old || pi_theta): mean of (old - new) log-ratio
-            "ppo_kl": float(masked_mean(-log_ratio, mask)),
-        }
-    return loss, metrics
 
 
 def _weighted_agg(
@@ -164,40 +135,18 @@ def _weighted_agg(
     )
 
 
-_SUCCESSORS = {"gspo": gspo_token_losses, "cispo": cispo_token_losses, "gmpo": gmpo_token_losses}
-
-
-def _successor_loss(
-    mode: str,
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    clip_low: float | None,
-    clip_high: float,
-    loss_agg: str,
-    global_num_tokens: float | Tensor | None,
-    global_num_seqs: float | Tensor | None,
-    norm_length: float | None,
-    token_weights: Tensor | None,
-) -> tuple[Tensor, dict[str, float]]:
-    """GSPO / CISPO / GMPO: their (N, T) loss matrix through the same aggregation, and the same metric keys."""
-    fn = _SUCCESSORS[mode]
-    losses, high, low = fn(log_probs, old_log_probs, advantages, mask, clip_low=clip_low, clip_high=clip_high)  # type: ignore[operator,arg-type]
-    loss = _weighted_agg(
-        losses, mask, token_weights, loss_agg,
-        global_num_tokens=global_num_tokens, global_num_seqs=global_num_seqs, norm_length=norm_length,
-    )  # fmt: skip
+def _diagnostics(
+    loss: Tensor, terms: TokenLosses, log_probs: Tensor, old_log_probs: Tensor, mask: Tensor
+) -> dict[str, float]:
+    """The loss and, as masked token means (CleanRL style, no gradient), the shares of clipped tokens and the k1
+    estimate of KL(pi_old || pi_theta)."""
     with torch.no_grad():
-        log_ratio = torch.clamp(log_probs.detach() - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        either = (high | low).to(mask.dtype)
-        metrics = {
+        log_ratio = torch.clamp(log_probs.detach() - old_log_probs, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (N, T)
+        return {
             "pg_loss": float(loss.detach()),
-            "pg_clipfrac": float(masked_mean(either, mask)),
-            "pg_clipfrac_high": float(masked_mean(high.to(mask.dtype), mask)),
-            "pg_clipfrac_low": float(masked_mean(low.to(mask.dtype), mask)),
-            "pg_clipfrac_dual": 0.0,
-            "ppo_kl": float(masked_mean(-log_ratio, mask)),
+            "pg_clipfrac": float(masked_mean(terms.clipped.to(mask.dtype), mask)),
+            "pg_clipfrac_high": float(masked_mean(terms.high.to(mask.dtype), mask)),
+            "pg_clipfrac_low": float(masked_mean(terms.low.to(mask.dtype), mask)),
+            "pg_clipfrac_dual": float(masked_mean(terms.dual.to(mask.dtype), mask)),
+            "ppo_kl": float(masked_mean(-log_ratio, mask)),  # k1: mean of log pi_old - log pi_theta
         }
-    return loss, metrics

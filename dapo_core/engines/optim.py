@@ -1,14 +1,14 @@
 """The optimizer side of the policy trainer: AdamW settings, the lr schedule, and the short-mini-batch lr scale.
 
 Pure helpers (no model): ``lr_lambda`` feeds ``torch.optim.lr_scheduler.LambdaLR``; ``short_mini_batch_scales``
-and ``scaled_lr`` give a short last mini-batch an optimizer step in proportion to its groups
-(``PolicyTrainer.update``).
+(checked by ``checked_mini_batch_scales``) and ``scaled_lr`` give a short last mini-batch an optimizer step in
+proportion to its groups (``PolicyTrainer.update``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +86,19 @@ def short_mini_batch_scales(batch: PolicyBatch, mini_batch_groups: int) -> list[
         raise ValueError(f"mini_batch_groups must be > 0, got {mini_batch_groups}")
     groups = int(batch.group_index.unique().numel())
     return [min(mini_batch_groups, groups - s) / mini_batch_groups for s in range(0, groups, mini_batch_groups)]
+
+
+def checked_mini_batch_scales(mini_batch_scales: Sequence[float] | None, num_minis: int) -> list[float] | None:
+    """``PolicyTrainer.update``'s ``mini_batch_scales`` as floats, checked: one lr multiplier in (0, 1] per
+    mini-batch of an epoch (``num_minis``; a rank without rows, 0, takes any count: it joins the others' steps)."""
+    given = None if mini_batch_scales is None else [float(s) for s in mini_batch_scales]
+    expected = num_minis or len(given or [])
+    if given is not None and (not given or len(given) != expected or not all(0 < s <= 1 for s in given)):
+        raise ValueError(
+            f"mini_batch_scales ({given}) must hold one lr multiplier in (0, 1] per mini-batch ({num_minis} "
+            "here): pass short_mini_batch_scales(<the whole batch>, mini_batch_groups), or None"
+        )
+    return given
 
 
 @contextmanager

@@ -50,7 +50,13 @@ from dapo_core.engines.fsdp import (
     world_size,
 )
 from dapo_core.engines.loss import LossConfig
-from dapo_core.engines.optim import OptimConfig, lr_lambda, scaled_lr, short_mini_batch_scales
+from dapo_core.engines.optim import (
+    OptimConfig,
+    checked_mini_batch_scales,
+    lr_lambda,
+    scaled_lr,
+    short_mini_batch_scales,
+)
 
 __all__ = ["LossConfig", "OptimConfig", "PolicyTrainer", "lr_lambda", "short_mini_batch_scales"]
 
@@ -219,18 +225,10 @@ class PolicyTrainer:
         if ppo_epochs <= 0:
             raise ValueError(f"ppo_epochs must be > 0, got {ppo_epochs}")
         per_epoch = split_by_groups(batch, mini_batch_groups)
-        given = None if mini_batch_scales is None else [float(s) for s in mini_batch_scales]
-        expected = len(per_epoch) or len(given or [])  # a rank without rows (FSDP2) just joins the others' steps
-        if given is not None and (not given or len(given) != expected or not all(0 < s <= 1 for s in given)):
-            raise ValueError(
-                f"mini_batch_scales ({given}) must hold one lr multiplier in (0, 1] per mini-batch ({len(per_epoch)} "
-                "here): pass short_mini_batch_scales(<the whole batch>, mini_batch_groups), or None"
-            )
+        given = checked_mini_batch_scales(mini_batch_scales, len(per_epoch))
         self.model.train()
         lr_now = self.optimizer.param_groups[0]["lr"]
-        sums: dict[str, float] = {}
-        count = 0
-        last: dict[str, float] = {}
+        results: list[dict[str, float]] = []
         scales: list[float] = []
         minis = [mini for _epoch in range(ppo_epochs) for mini in per_epoch]
         for index, mini in enumerate(self._agree_mini_batches(minis, batch)):
@@ -239,22 +237,14 @@ class PolicyTrainer:
             else:  # a collective under data parallel, like the denominators: every rank runs it per mini-batch
                 groups = sum_over_ranks(float(mini.group_index.unique().numel()), self.device)
                 scales.append(min(1.0, groups / mini_batch_groups))
-            m = self._update_mini_batch(mini, loss_cfg, lr_scale=scales[-1])
-            for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v
-            count += 1
-            last = m
+            results.append(self._update_mini_batch(mini, loss_cfg, lr_scale=scales[-1]))
         self.scheduler.step()
         self.global_step += 1
-        metrics = {k: v / count for k, v in sums.items()}
-        metrics["lr"] = lr_now
-        metrics["num_updates"] = float(count)
-        metrics["short_minibatch_scale"] = min(scales, default=1.0)
-        for k in ("pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl"):
-            metrics[f"{k}_last"] = last.get(k, 0.0)
-        return metrics
+        return _update_metrics(results, scales, lr_now)
 
     def _update_mini_batch(self, mini: PolicyBatch, loss_cfg: LossConfig, *, lr_scale: float) -> dict[str, float]:
+        """One optimizer step on ``mini``: the micro-batches' gradients accumulated, then clipped and applied at
+        lr x ``lr_scale``; the metrics token-weighted over the mini-batch (pg_loss summed, grad_norm)."""
         assert mini.advantages is not None and mini.old_log_probs is not None
         # Global denominators over the whole mini-batch (all micro-batches, all ranks), with the loss mask.
         num_tokens = sum_over_ranks(float(mini.response_mask.sum()), self.device)
@@ -267,51 +257,52 @@ class PolicyTrainer:
         micros = self._lockstep(split_rows(sorted_by_length(mini), self.micro_batch_size))
         for index, micro in enumerate(micros):
             mb = self._prepare(micro)
-            assert mb.old_log_probs is not None and mb.advantages is not None
-            logits = self._sampling_logits(mb)  # (n, T, V), at the rollout temperature like pi_old
-            log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
-            loss, m = policy_loss(
-                log_probs,
-                mb.old_log_probs,
-                mb.advantages,
-                mb.response_mask,
-                mode=loss_cfg.mode,
-                clip_low=loss_cfg.clip_low,
-                clip_high=loss_cfg.clip_high,
-                clip_c=loss_cfg.clip_c,
-                loss_agg=loss_cfg.loss_agg,
-                global_num_tokens=num_tokens,
-                global_num_seqs=num_seqs,
-                norm_length=norm_length,
-                token_weights=mb.extras.get("is_weights"),  # truncated IS (training.step.rollout_correction)
-            )
-            if loss_cfg.entropy_coef != 0.0:
-                entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)
-                ent_loss = agg_loss(
-                    entropy,
-                    mb.response_mask,
-                    loss_cfg.loss_agg,
-                    global_num_tokens=num_tokens,
-                    global_num_seqs=num_seqs,
-                    norm_length=norm_length,
-                )
-                loss = loss - loss_cfg.entropy_coef * ent_loss
-            else:
-                with torch.no_grad():
-                    entropy = entropy_from_logits(logits.detach(), chunk_size=self.entropy_chunk_size)
+            loss, m = self._micro_loss(mb, loss_cfg, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length)
             self._sync_grads_on(index, len(micros))
             loss.backward()
             loss_total += float(loss.detach())
             if micro is None:  # a filler adds nothing, not even to the metrics
                 continue
-            # token-weighted averages of the per-micro-batch metrics
-            tokens = float(mb.response_mask.sum())
-            with torch.no_grad():
-                m["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
-                m["mean_prob"] = float(masked_mean(torch.exp(log_probs.detach()), mb.response_mask))
+            tokens = float(mb.response_mask.sum())  # token-weighted averages of the per-micro-batch metrics
             for k in _TOKEN_WEIGHTED:
                 weighted[k] += m[k] * tokens
         self._all_reduce_grads()
+        grad_norm = self._clip_and_step(lr_scale)
+        out = {k: sum_over_ranks(v, self.device) / max(num_tokens, 1.0) for k, v in weighted.items()}
+        out["pg_loss"] = sum_over_ranks(loss_total, self.device)
+        out["grad_norm"] = float(grad_norm)
+        return out
+
+    def _micro_loss(
+        self, mb: PolicyBatch, loss_cfg: LossConfig, *, num_tokens: float, num_seqs: float, norm_length: int
+    ) -> tuple[Tensor, dict[str, float]]:
+        """One micro-batch's policy loss (minus entropy_coef x the entropy, aggregated alike, when set) with the
+        mini-batch's denominators, and its metrics, entropy and mean_prob included (masked token means)."""
+        assert mb.old_log_probs is not None and mb.advantages is not None
+        logits = self._sampling_logits(mb)  # (n, T, V), at the rollout temperature like pi_old
+        log_probs = log_probs_from_logits(logits, mb.responses, chunk_size=self.entropy_chunk_size)  # (n, T)
+        denominators = {"global_num_tokens": num_tokens, "global_num_seqs": num_seqs, "norm_length": norm_length}
+        loss, m = policy_loss(
+            log_probs, mb.old_log_probs, mb.advantages, mb.response_mask,
+            mode=loss_cfg.mode, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, clip_c=loss_cfg.clip_c,
+            loss_agg=loss_cfg.loss_agg, **denominators,
+            token_weights=mb.extras.get("is_weights"),  # truncated IS (training.step.rollout_correction)
+        )  # fmt: skip
+        if loss_cfg.entropy_coef != 0.0:
+            entropy = entropy_from_logits(logits, chunk_size=self.entropy_chunk_size)  # (n, T)
+            ent_loss = agg_loss(entropy, mb.response_mask, loss_cfg.loss_agg, **denominators)
+            loss = loss - loss_cfg.entropy_coef * ent_loss
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), chunk_size=self.entropy_chunk_size)
+        with torch.no_grad():
+            m["entropy"] = float(masked_mean(entropy.detach(), mb.response_mask))
+            m["mean_prob"] = float(masked_mean(torch.exp(log_probs.detach()), mb.response_mask))
+        return loss, m
+
+    def _clip_and_step(self, lr_scale: float) -> Tensor:
+        """Clip the gradients to ``grad_clip`` and step at lr x ``lr_scale``; a non-finite norm skips the step
+        (gradients dropped). Returns the norm before clipping."""
         grad_norm = full_value(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip))
         if torch.isfinite(grad_norm):
             with scaled_lr(self.optimizer, lr_scale):  # < 1 only for a short last mini-batch (see update)
@@ -319,10 +310,7 @@ class PolicyTrainer:
         else:
             logger.warning("non-finite grad norm %s: skipping this optimizer step", float(grad_norm))
             self.optimizer.zero_grad(set_to_none=True)
-        out = {k: sum_over_ranks(v, self.device) / max(num_tokens, 1.0) for k, v in weighted.items()}
-        out["pg_loss"] = sum_over_ranks(loss_total, self.device)
-        out["grad_norm"] = float(grad_norm)
-        return out
+        return grad_norm
 
     def _all_reduce_grads(self) -> None:
         if world_size() == 1 or self.fsdp:  # FSDP2 already reduce-scattered (summed) them in backward
@@ -389,3 +377,20 @@ class PolicyTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.global_step = int(state["global_step"])
+
+
+def _update_metrics(results: list[dict[str, float]], scales: list[float], lr: float) -> dict[str, float]:
+    """``update``'s metrics: each mini-batch metric's mean, the lr, the update count, the smallest lr scale and the
+    clip fractions and KL of the last mini-batch (``*_last``)."""
+    sums: dict[str, float] = {}
+    for m in results:
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v
+    metrics = {k: v / len(results) for k, v in sums.items()}
+    metrics["lr"] = lr
+    metrics["num_updates"] = float(len(results))
+    metrics["short_minibatch_scale"] = min(scales, default=1.0)
+    last = results[-1] if results else {}
+    for k in ("pg_clipfrac", "pg_clipfrac_high", "pg_clipfrac_low", "ppo_kl"):
+        metrics[f"{k}_last"] = last.get(k, 0.0)
+    return metrics

@@ -2,7 +2,7 @@
 
 - ``metrics``: pure functions (exact unbiased pass@k, exact maj@k over k-subsets, reflection rate, lengths).
 - ``runner``: ``evaluate(executor, records, k=..., sampling=..., seed=...)`` -> ``EvalReport`` (de-duplicates
-  problems, so AIME-2024's 960 rows are 30 problems).
+  problems, so AIME-2024's 960 rows are 30 problems: ``problems``, with the prompts' encoding).
 - ``compare``: overlay the curves of several runs into one PNG and a markdown table (no MLflow here).
 """
 
@@ -19,16 +19,8 @@ from dapo_core.evaluation.metrics import (
     reflection_rate,
     truncation_rate,
 )
-from dapo_core.evaluation.runner import (
-    EvalExecutor,
-    EvalReport,
-    ProblemResult,
-    UniqueProblem,
-    dedupe_problems,
-    encode_prompt,
-    evaluate,
-    val_key,
-)
+from dapo_core.evaluation.problems import UniqueProblem, dedupe_problems, encode_prompt
+from dapo_core.evaluation.runner import EvalExecutor, EvalReport, ProblemResult, evaluate, val_key
 
 __all__ = [
     "DEFAULT_PASS_KS",

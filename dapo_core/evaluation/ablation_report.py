@@ -17,9 +17,7 @@ not say, else false) and ``code_digests``; the markdown states them in one line.
 
 from __future__ import annotations
 
-import itertools
 import json
-import math
 import re
 import statistics
 from collections.abc import Mapping, Sequence
@@ -37,11 +35,10 @@ from dapo_core.config.ablation import (
     STOP_KEYS,
     SUCCESSOR_RUNGS,
 )
+from dapo_core.evaluation.ablation_findings import findings, finite_mean, pct, rungs_by_name
 from dapo_core.evaluation.ablation_plot import plot_ablation
 
 NOISE_SIGMAS = 2.0  # a difference counts when mean - 2 std of the per-seed differences is above 0
-TIE = 1e-9  # accuracies closer than this are equal (avg@k of the same problems is a ratio of small integers)
-TRUNCATION_MIN = 0.01  # response_length/clip_ratio above this counts as truncation worth naming
 CLIP_KEYS = ("actor/pg_clipfrac_high", "actor/pg_clipfrac_low")
 UNKNOWN = "unknown"
 EVIDENCE_LABELS = {
@@ -76,11 +73,6 @@ class PairedDiff:
     lower: float | None
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
-    got = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    return sum(got) / len(got) if got else None
-
-
 def _std(values: Sequence[float]) -> float | None:
     return statistics.stdev(values) if len(values) >= 2 else None
 
@@ -106,12 +98,12 @@ def summarize_rung(name: str, per_seed: Sequence[Mapping[str, Any]]) -> dict[str
         "std": _std(accs),
         "seeds": accs,
         "seed_ids": [int(r["seed"]) for r in per_seed],
-        "wall_s": _mean([r.get("wall_s") for r in per_seed]),
+        "wall_s": finite_mean([r.get("wall_s") for r in per_seed]),
         "wall_s_seeds": [r.get("wall_s") for r in per_seed],
         "curve": mean_curve([r["curve"] for r in per_seed if r.get("curve")]),
     }
     for key in (*EVIDENCE_KEYS, *STOP_KEYS):
-        entry[key] = _mean([r.get(key) for r in per_seed])
+        entry[key] = finite_mean([r.get(key) for r in per_seed])
     for key in sorted({k for r in per_seed for k in r} - set(entry) - {"acc", "seed", "curve"}):
         entry[key] = [r.get(key) for r in per_seed]  # anything else (run ids, budgets): one value per seed
     return entry
@@ -131,16 +123,8 @@ def paired_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> PairedDiff 
 
 
 # ------------------------------------------------------------------------------------------------ markdown
-def _rungs(regime: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {r["name"]: r for r in regime["rungs"]}
-
-
 def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "–" if value is None else format(value, spec)
-
-
-def _pct(value: float | None) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
 
 
 def _evidence_cell(key: str, value: float | None) -> str:
@@ -150,7 +134,7 @@ def _evidence_cell(key: str, value: float | None) -> str:
         return _fmt(value)
     if key == "response_length/mean":
         return _fmt(value, ".1f")
-    return _pct(value)
+    return pct(value)
 
 
 def _table(regime: Mapping[str, Any]) -> list[str]:
@@ -163,7 +147,7 @@ def _table(regime: Mapping[str, Any]) -> list[str]:
         seeds = ", ".join(f"{v:.3f}" for v in r["seeds"])
         cells = [r["name"], paper, spread, seeds, _fmt(r.get("wall_s"), ".0f")]
         cells += [_evidence_cell(k, r.get(k)) for k in EVIDENCE_KEYS]
-        cells += [_pct(r.get(k)) for k in STOP_KEYS]
+        cells += [pct(r.get(k)) for k in STOP_KEYS]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -182,103 +166,6 @@ def difference_line(label: str, d: PairedDiff | None, k: int | str = "k") -> str
     else:
         verdict = f"mean − 2·std = {d.lower:+.3f} ≤ 0: within seed noise"
     return f"**{label}**: {d.mean:+.3f} held-out avg@{k} (per seed {per_seed}; {verdict})."
-
-
-def findings(results: Mapping[str, Any]) -> list[str]:
-    """What the curves and the evidence show, generated from the numbers (one line each, no placeholders)."""
-    out: list[str] = []
-    for name, regime in results["regimes"].items():
-        rungs = _rungs(regime)
-        ladder = [r for r in regime["rungs"] if r["name"] in RUNG_NAMES]
-        if not ladder:
-            continue
-        ranked = [r for r in regime["rungs"] if r["name"] not in CONTROL_RUNGS]  # the ladder and any successors
-        top = max(r["mean"] for r in ranked)
-        best = [r["name"] for r in ranked if math.isclose(r["mean"], top, abs_tol=TIE)]
-        lead = f"best rung {best[0]}" if len(best) == 1 else f"tied best ({len(best)} rungs): {', '.join(best)}"
-        if len(ladder) >= 3:  # an ordered ladder: does each added technique keep the mean?
-            drops = [
-                f"{b['name']} ({b['mean'] - a['mean']:+.3f})"
-                for a, b in itertools.pairwise(ladder)
-                if b["mean"] < a["mean"] - TIE
-            ]
-            order = "every technique kept or raised the mean" if not drops else "lower than the rung before: "
-            out.append(f"{name}: {lead} ({top:.3f}); {order}{', '.join(drops)}.")
-        else:
-            spread = top - min(r["mean"] for r in ranked)
-            out.append(f"{name}: {lead} ({top:.3f}); the rungs' means span {spread:.3f}.")
-        out += _successor_findings(name, rungs)
-        trunc = [(r["name"], r.get("response_length/clip_ratio")) for r in ladder]
-        hit = [f"{n} {_pct(v)}" for n, v in trunc if v is not None and v > TRUNCATION_MIN]
-        if hit:
-            out.append(f"{name}: truncation at max_response_length (response_length/clip_ratio): {', '.join(hit)}.")
-        elif any(v is not None for _, v in trunc):
-            out.append(
-                f"{name}: no rung truncated more than {_pct(TRUNCATION_MIN)} of its responses: the overlong "
-                "techniques had little to act on at this response length."
-            )
-        sym = _mean([rungs[n].get("actor/pg_clipfrac_high") for n in ("grpo", "overlong-filtering") if n in rungs])
-        dec = _mean(
-            [r.get("actor/pg_clipfrac_high") for r in ladder if r["name"] not in ("grpo", "overlong-filtering")]
-        )
-        if sym is not None and dec is not None:
-            out.append(
-                f"{name}: upper-clip fraction (actor/pg_clipfrac_high) {_pct(sym)} with eps_high = eps_low vs "
-                f"{_pct(dec)} from clip-higher on."
-            )
-        kept = rungs.get("dapo", {}).get("train/kept_groups_frac")
-        if kept is not None:
-            out.append(
-                f"{name}: dynamic sampling kept {_pct(kept)} of generated groups (the rest had zero reward variance)."
-            )
-        ent = [(r["name"], r.get("actor/entropy")) for r in ranked if r.get("actor/entropy") is not None]
-        if len(ent) >= 2:
-            lo, hi = min(ent, key=lambda x: x[1]), max(ent, key=lambda x: x[1])
-            if math.isclose(lo[1], hi[1], rel_tol=1e-3, abs_tol=TIE):
-                out.append(f"{name}: entropy about equal on every rung ({hi[1]:.3f}).")
-            else:
-                out.append(f"{name}: entropy lowest at {lo[0]} ({lo[1]:.3f}), highest at {hi[0]} ({hi[1]:.3f}).")
-        fell = [f"{r['name']} ({r['curve'][0][1]:.3f} → {r['curve'][-1][1]:.3f})" for r in ranked
-                if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] < r["curve"][0][1]]  # fmt: skip
-        rose = [r["name"] for r in ranked if len(r.get("curve") or []) >= 2 and r["curve"][-1][1] > r["curve"][0][1]]
-        if fell:
-            out.append(f"{name}: validation accuracy ended below its step-0 value for {', '.join(fell)}.")
-        if rose:
-            out.append(f"{name}: validation accuracy ended above its step-0 value for {', '.join(rose)}.")
-    names = list(results["regimes"])
-    if len(names) >= 2:
-        a, b = (_rungs(results["regimes"][n]) for n in names[:2])
-        deltas = [f"{n} {b[n]['mean'] - a[n]['mean']:+.3f}" for n in a if n in b]
-        out.append(f"{names[1]} − {names[0]} per rung: {', '.join(deltas)}.")
-    return out
-
-
-def _successor_findings(name: str, rungs: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """How often each successor's own clip bound acted, beside its base rung (GSPO counts sequences)."""
-    out = []
-    for succ in SUCCESSOR_RUNGS:
-        ref = "grpo" if succ == "dr-grpo" else "dapo"
-        if succ not in rungs or ref not in rungs:
-            continue
-        hi, lo = rungs[succ].get("actor/pg_clipfrac_high"), rungs[succ].get("actor/pg_clipfrac_low")
-        ref_hi, ref_lo = rungs[ref].get("actor/pg_clipfrac_high"), rungs[ref].get("actor/pg_clipfrac_low")
-        if hi is None or lo is None:
-            continue
-        # GSPO clips a sequence's ratio, but its clip fraction is a token mean: the share of response tokens that
-        # belong to clipped sequences (longer sequences weigh more), not a share of sequences
-        unit = "tokens (the tokens of sequences whose sequence ratio was clipped)" if succ == "gspo" else "token ratios"
-        line = f"{name}: {succ} clipped {_pct(hi)} (upper) / {_pct(lo)} (lower) of its {unit}"
-        if ref_hi is not None and ref_lo is not None:
-            line += f", {ref} {_pct(ref_hi)} / {_pct(ref_lo)} of its token ratios"
-        out.append(line + ".")
-        if succ == "cispo" and hi == 0.0:
-            out.append(
-                f"{name}: cispo's weight clip (r ≤ 1 + eps_high) never bound: no token ratio reached it in any "
-                "update. It binds only where later updates are off-policy enough (ppo_epochs > 1, several "
-                "mini-batches per rollout step, a larger lr, or a smaller eps_high; checked in "
-                "tests/test_objectives.py::test_cispo_clip_binds_in_later_off_policy_updates)."
-            )
-    return out
 
 
 def code_provenance(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -317,8 +204,20 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     """The report: per regime a table and the DAPO − GRPO / DAPO − sft-control (and successor − DAPO) lines, then
     the findings."""
     k = results.get("k")
-    kk = k if k is not None else "k"
     names = {r["name"] for regime in results["regimes"].values() for r in regime["rungs"]}
+    lines = _preamble(results, names)
+    for name, regime in results["regimes"].items():
+        lines += ["", f"## {name} (lr {regime['lr']:g})", "", *_table(regime), ""]
+        lines += _difference_lines(rungs_by_name(regime), k if k is not None else "k")
+    lines += ["", _notes(results, names, png_name), "", "## What the curves show", ""]
+    lines += [f"- {line}" for line in findings(results)]
+    return "\n".join(lines) + "\n"
+
+
+def _preamble(results: Mapping[str, Any], names: set[str]) -> list[str]:
+    """The title (the ladder, its successors or both), what the table measures, the run's settings and base model,
+    and the code the runs came from."""
+    k = results.get("k")
     title = "# DAPO ablation (Table 1 in miniature)"
     if names & set(SUCCESSOR_RUNGS):
         title = (
@@ -335,28 +234,36 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
     meta = [f"{key} {results[key]}" for key in ("recipe", "steps", "date") if results.get(key) is not None]
     if results.get("base_acc") is not None:
         stop = results.get("base_stop") or {}
-        split = ", ".join(f"{STOP_LABELS[key]} {_pct(stop[key])}" for key in STOP_KEYS if key in stop)
+        split = ", ".join(f"{STOP_LABELS[key]} {pct(stop[key])}" for key in STOP_KEYS if key in stop)
         meta.append(f"base model {results['base_acc']:.3f}" + (f" ({split})" if split else ""))
     if meta:
         lines += ["", "; ".join(meta) + "."]
-    lines += ["", provenance_line({**code_provenance(results), **_given_provenance(results)})]
+    return [*lines, "", provenance_line({**code_provenance(results), **_given_provenance(results)})]
+
+
+def _difference_lines(rungs: Mapping[str, Mapping[str, Any]], k: int | str) -> list[str]:
+    """A regime's paired differences, as list items: DAPO − GRPO, DAPO − each control, each successor − its base."""
+    lines = []
+    if "dapo" in rungs and "grpo" in rungs:
+        lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"]), k))
+    for control in CONTROL_RUNGS:
+        if "dapo" in rungs and control in rungs:
+            diff = paired_difference(rungs["dapo"], rungs[control])
+            lines.append("- " + difference_line(CONTROL_LABELS[control], diff, k))
+    for succ in SUCCESSOR_RUNGS:
+        ref = "grpo" if succ == "dr-grpo" else "dapo"
+        if succ in rungs and ref in rungs:
+            diff = paired_difference(rungs[succ], rungs[ref])
+            lines.append("- " + difference_line(f"{succ} − {ref} (same seeds)", diff, k))
+    return lines
+
+
+def _notes(results: Mapping[str, Any], names: set[str], png_name: str) -> str:
+    """The paragraph under the tables: the evidence columns, curves vs table, the controls (when run) and the stop
+    split."""
+    k = results.get("k")
     legend = ", ".join(f"{v} = {k}" for k, v in EVIDENCE_LABELS.items())
-    for name, regime in results["regimes"].items():
-        rungs = _rungs(regime)
-        lines += ["", f"## {name} (lr {regime['lr']:g})", "", *_table(regime), ""]
-        if "dapo" in rungs and "grpo" in rungs:
-            lines.append("- " + difference_line("DAPO − GRPO", paired_difference(rungs["dapo"], rungs["grpo"]), kk))
-        for control in CONTROL_RUNGS:
-            if "dapo" in rungs and control in rungs:
-                diff = paired_difference(rungs["dapo"], rungs[control])
-                lines.append("- " + difference_line(CONTROL_LABELS[control], diff, kk))
-        for succ in SUCCESSOR_RUNGS:
-            ref = "grpo" if succ == "dr-grpo" else "dapo"
-            if succ in rungs and ref in rungs:
-                diff = paired_difference(rungs[succ], rungs[ref])
-                lines.append("- " + difference_line(f"{succ} − {ref} (same seeds)", diff, kk))
-    lines += [
-        "",
+    return (
         f"Evidence columns: means over each run of {legend}. Curves ({png_name}): each training run's own "
         f"validation on the same problems (avg@{results.get('curve_k') or k or 'k'}, mean over seeds); the table: "
         f"the final models, scored by one evaluator (avg@{k if k is not None else 'k'})."
@@ -374,13 +281,8 @@ def render_markdown(results: Mapping[str, Any], *, png_name: str = "ablation.png
             f" Stop split of each final model's responses: {STOP_LABELS['stop/stopped_rate']} = the share that stop "
             f"at their first answer line (the rest run on past it or give none), {STOP_LABELS['stop/acc_when_stopped']}"
             " = the accuracy of those (the arithmetic, apart from stopping)."
-        ),
-        "",
-        "## What the curves show",
-        "",
-    ]
-    lines += [f"- {line}" for line in findings(results)]
-    return "\n".join(lines) + "\n"
+        )
+    )
 
 
 def _given_provenance(results: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Compare runs: overlay their metric curves in one PNG and tabulate their final values in markdown.
 
 The input is plain data, ``{run name: {metric key: [(step, value), ...]}}``, so this module knows nothing about
-MLflow; ``dapo compare`` (flows/cli_eval.py) reads the histories from MLflow and calls ``compare_runs``:
+MLflow; ``dapo compare`` (flows/cli/evaluate.py) reads the histories from MLflow and calls ``compare_runs``:
 
     result = compare_runs({"dapo": hist_a, "grpo": hist_b}, "outputs/compare")
     result.png          # outputs/compare/compare.png: one panel per metric, one line per run

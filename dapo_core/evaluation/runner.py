@@ -47,6 +47,7 @@ from dapo_core.evaluation.metrics import (
     stop_metrics,
     truncation_rate,
 )
+from dapo_core.evaluation.problems import UniqueProblem, dedupe_problems, encode_problems
 from dapo_core.rewards import ScoredBatch, score_batch
 
 logger = logging.getLogger(__name__)
@@ -64,56 +65,6 @@ class EvalExecutor(Protocol):
     def generate(self, prompts: Sequence[list[int]], sampling: SamplingConfig) -> list[RolloutResult]: ...
 
     def score(self, completions: Sequence[str], ground_truths: Sequence[str]) -> ScoredBatch: ...
-
-
-@dataclass(frozen=True)
-class UniqueProblem:
-    """One de-duplicated problem and how many rows of the input repeated it."""
-
-    record: ProblemRecord
-    copies: int
-    row: int  # index of its first row in the input
-
-
-def _identity(record: ProblemRecord) -> tuple[str, str]:
-    text = record.raw_problem.strip() or json.dumps(record.prompt, sort_keys=True)
-    return record.data_source, text
-
-
-def dedupe_problems(records: Iterable[ProblemRecord]) -> list[UniqueProblem]:
-    """Unique problems in first-appearance order (identity: data source + raw problem, else prompt)."""
-    first: dict[tuple[str, str], tuple[int, ProblemRecord]] = {}
-    copies: dict[tuple[str, str], int] = {}
-    for i, rec in enumerate(records):
-        key = _identity(rec)
-        seen = first.setdefault(key, (i, rec))[1]
-        if seen.ground_truth != rec.ground_truth:
-            raise ValueError(
-                f"problem {rec.uid} repeats {seen.uid} (same data source and problem text) with another ground "
-                f"truth ({rec.ground_truth!r} vs {seen.ground_truth!r}): fix the data file, or give the two "
-                "problems different raw_problem texts"
-            )
-        copies[key] = copies.get(key, 0) + 1
-    return [UniqueProblem(record=rec, copies=copies[key], row=row) for key, (row, rec) in first.items()]
-
-
-def encode_prompt(
-    tokenizer: Any, messages: Sequence[dict[str, str]], *, max_prompt_length: int | None = None
-) -> tuple[list[int], bool]:
-    """Token ids of the chat prompt with the generation prompt appended; (ids, was_truncated).
-
-    The template is rendered to text and then tokenized without extra special tokens (as verl does). Prompts
-    longer than ``max_prompt_length`` keep their last tokens (verl ``truncation='left'``, the DAPO script's
-    setting), so the instruction's end and the assistant opener survive.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    else:  # a base-model tokenizer without a template: the raw user text
-        text = "\n".join(m["content"] for m in messages)
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    if max_prompt_length is not None and len(ids) > max_prompt_length:
-        return ids[-max_prompt_length:], True
-    return ids, False
 
 
 @dataclass
@@ -254,28 +205,6 @@ def source_metrics(
     return out
 
 
-def _encode_problems(
-    tokenizer: Any,
-    problems: Sequence[UniqueProblem],
-    records: Sequence[ProblemRecord],
-    prompt_ids: Sequence[Sequence[int]] | None,
-    max_prompt_length: int | None,
-) -> list[tuple[list[int], bool]]:
-    """(ids, truncated) per unique problem: the given ``prompt_ids`` of its first row, else ``encode_prompt``."""
-    if prompt_ids is not None:
-        if len(prompt_ids) != len(records):
-            raise ValueError(f"prompt_ids ({len(prompt_ids)}) must hold one prompt per record ({len(records)})")
-        return [(list(prompt_ids[p.row]), False) for p in problems]
-    encoded = [encode_prompt(tokenizer, p.record.prompt, max_prompt_length=max_prompt_length) for p in problems]
-    num_cut = sum(cut for _, cut in encoded)
-    if num_cut:
-        logger.warning(
-            "%d of %d prompts are longer than max_prompt_length=%s tokens; kept their last tokens (verl's "
-            "truncation='left', as the DAPO script)", num_cut, len(problems), max_prompt_length,
-        )  # fmt: skip
-    return encoded
-
-
 def _sample(executor: EvalExecutor, prompts: list[list[int]], sampling: SamplingConfig) -> list[RolloutResult]:
     """``sampling.n`` responses per prompt, ordered prompt-major; checks that each (prompt, sample) came back once."""
     results = sorted(executor.generate(prompts, sampling), key=lambda r: (r.prompt_index, r.sample_index))
@@ -320,21 +249,55 @@ def evaluate(
     problems = dedupe_problems(records)
     report_ks = pass_ks(k, ks)
     pattern = compile_reflection_pattern(reflection_phrases)
-    encoded = _encode_problems(executor.tokenizer, problems, records, prompt_ids, max_prompt_length)
+    encoded = encode_problems(executor.tokenizer, problems, records, prompt_ids, max_prompt_length)
     sampling = dataclasses.replace(sampling, n=k, seed=seed)
     logger.info("evaluating %d unique problems (%d rows) x %d samples", len(problems), len(records), k)
     results = _sample(executor, [ids for ids, _ in encoded], sampling)  # (P*k,) prompt-major
-    texts = [r.text for r in results]
-    truths = [problems[r.prompt_index].record.ground_truth for r in results]
-    scored = score_batch(reward_fn, texts, truths) if reward_fn is not None else executor.score(texts, truths)
-    if scored.num_failed:
-        logger.warning("the reward function failed on %d of %d responses (scored wrong)", scored.num_failed, len(texts))
-    reflective = [has_reflection(t, pattern) for t in texts]
+    scored = _score(executor, reward_fn, problems, results)
+    reflective = [has_reflection(r.text, pattern) for r in results]
 
     per_problem = [
         _problem_result(p, results[i * k : (i + 1) * k], scored.results[i * k : (i + 1) * k], report_ks, reflective[i * k : (i + 1) * k])
         for i, p in enumerate(problems)
     ]  # fmt: skip
+    metrics, sources = _metrics_by_source(per_problem, results, reflective, scored, k=k, ks=report_ks)
+    return EvalReport(
+        problems=per_problem,
+        metrics=metrics,
+        n=k,
+        ks=report_ks,
+        seed=seed,
+        num_rows=len(records),
+        num_failed=scored.num_failed,
+        num_prompts_truncated=sum(cut for _, cut in encoded),
+        data_sources=sources,
+    )
+
+
+def _score(
+    executor: EvalExecutor, reward_fn: str | None, problems: Sequence[UniqueProblem], results: Sequence[RolloutResult]
+) -> ScoredBatch:
+    """Each response scored against its problem's ground truth: by the registered ``reward_fn`` here, or (None) by
+    the executor's configured reward; a failure is logged and scored wrong."""
+    texts = [r.text for r in results]
+    truths = [problems[r.prompt_index].record.ground_truth for r in results]
+    scored = score_batch(reward_fn, texts, truths) if reward_fn is not None else executor.score(texts, truths)
+    if scored.num_failed:
+        logger.warning("the reward function failed on %d of %d responses (scored wrong)", scored.num_failed, len(texts))
+    return scored
+
+
+def _metrics_by_source(
+    per_problem: Sequence[ProblemResult],
+    results: Sequence[RolloutResult],
+    reflective: Sequence[bool],
+    scored: ScoredBatch,
+    *,
+    k: int,
+    ks: Sequence[int],
+) -> tuple[dict[str, float], list[str]]:
+    """``source_metrics`` of each data source in order of first appearance, merged, and the sources; ``results``,
+    ``reflective`` and ``scored`` hold the k samples of each problem, prompt-major."""
     sources = list(dict.fromkeys(p.data_source for p in per_problem))
     metrics: dict[str, float] = {}
     for ds in sources:
@@ -347,21 +310,11 @@ def evaluate(
                 [reflective[s] for s in samples],
                 data_source=ds,
                 n=k,
-                ks=report_ks,
+                ks=ks,
                 accs=[bool(scored.results[s]["acc"]) for s in samples],
             )
         )
-    return EvalReport(
-        problems=per_problem,
-        metrics=metrics,
-        n=k,
-        ks=report_ks,
-        seed=seed,
-        num_rows=len(records),
-        num_failed=scored.num_failed,
-        num_prompts_truncated=sum(cut for _, cut in encoded),
-        data_sources=sources,
-    )
+    return metrics, sources
 
 
 def stop_split(metrics: dict[str, float]) -> dict[str, float]:

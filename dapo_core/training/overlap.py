@@ -79,10 +79,6 @@ class RolloutPrefetcher:
     def __len__(self) -> int:
         return len(self._queue)
 
-    @property
-    def queued_steps(self) -> list[int]:
-        return [p.step for p in self._queue]
-
     def fill(self, step: int) -> int:
         """Before step ``step``'s update: submit the first batch of each step up to ``step + max_staleness`` (and
         ``trainer.total_steps``) not queued yet; returns how many were submitted."""

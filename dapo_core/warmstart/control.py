@@ -22,24 +22,24 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from dapo_core.config import DapoConfig
+from dapo_core.data.synthetic import SyntheticProblem
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
 from dapo_core.engines.tokenizer import load_tokenizer
 from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
 from dapo_core.warmstart.sft import (
     WarmStartConfig,
-    heldout_problems,
-    normalize_question,
+    demonstration_batches,
     prompt_ids,
     response_ids,
-    sft_batches,
+    warm_start_sets,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,24 +63,9 @@ class ControlResult:
 
 
 def warm_start_exclusions(ws: WarmStartConfig, exclude: Collection[str]) -> set[str]:
-    """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the same
-    sets ``run_warm_start`` builds), so the control draws the same stream of demonstrations."""
-    banned = {normalize_question(q) for q in exclude}
-    heldout = heldout_problems(
-        ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops
-    )
-    banned |= {p.question for p in heldout}
-    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:
-        probe = heldout_problems(
-            ws.probe_size,
-            seed=ws.seed,
-            exclude=banned,
-            min_ops=ws.demos.min_ops,
-            max_ops=ws.demos.max_ops,
-            stream="probe",
-        )
-        banned |= {p.question for p in probe}
-    return banned
+    """The questions the warm start never trained on: ``exclude``, its held-out set and its probe set (the sets
+    ``run_warm_start`` builds, ``warm_start_sets``), so the control draws the same stream of demonstrations."""
+    return warm_start_sets(ws, exclude)[2]
 
 
 def control_lr(ws: WarmStartConfig) -> float:
@@ -132,6 +117,44 @@ def continue_warm_start(
     ``clean``: the same stream with every demonstration clean (``clean_settings``: no run-on past the answer line,
     no answer before the work); the scarce and limited sets stay as they are.
     """
+    _check_arguments(ws, time_budget_s=time_budget_s, cpu_budget_s=cpu_budget_s, max_steps=max_steps, seed=seed, lr=lr)
+    if clean:
+        ws = clean_settings(ws)
+    start = time.perf_counter()
+    lr = control_lr(ws) if lr is None else lr
+    model, tokenizer, trainer = _load_trainer(cfg, ws, base_dir, lr=lr, max_steps=max_steps)
+    skip = (ws.steps if skip_steps is None else skip_steps) + stream_offset(ws, seed)
+    stream = _demonstrations_after(ws, exclude, skip)
+    c0 = time.process_time()
+    steps, loss = _train_within(
+        trainer, tokenizer, stream, max_steps=max_steps, time_budget_s=time_budget_s, cpu_budget_s=cpu_budget_s
+    )
+    model.eval()
+    saved = save_hf_dir(model, tokenizer, output_dir) if output_dir is not None else None
+    wall, cpu = time.perf_counter() - start, time.process_time() - c0
+    logger.info("supervised control: %d steps at lr %g in %.1f s, %.1f CPU s (loss %.4f)", steps, lr, wall, cpu, loss)
+    return ControlResult(
+        steps=steps,
+        wall_s=wall,
+        final_loss=loss,
+        model=model,
+        tokenizer=tokenizer,
+        output_dir=saved,
+        cpu_s=cpu,
+        lr=lr,
+    )
+
+
+def _check_arguments(
+    ws: WarmStartConfig,
+    *,
+    time_budget_s: float | None,
+    cpu_budget_s: float | None,
+    max_steps: int | None,
+    seed: int,
+    lr: float | None,
+) -> None:
+    """At least one budget, each one positive, seed >= 1 and a positive lr (if given)."""
     if time_budget_s is None and cpu_budget_s is None and max_steps is None:
         raise ValueError(
             "continue_warm_start needs a budget: time_budget_s (wall seconds), cpu_budget_s (CPU seconds) or "
@@ -146,22 +169,41 @@ def continue_warm_start(
         raise ValueError(f"seed ({seed}) must be >= 1: seed 1 continues the stream right after the warm start")
     if lr is not None and lr <= 0:
         raise ValueError(f"lr ({lr}) must be > 0 (null: the warm start's final lr, {control_lr(ws):g})")
-    if clean:
-        ws = clean_settings(ws)
-    start = time.perf_counter()
+
+
+def _load_trainer(
+    cfg: DapoConfig, ws: WarmStartConfig, base_dir: str | Path, *, lr: float, max_steps: int | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, PolicyTrainer]:
+    """The model and tokenizer in ``base_dir`` and a trainer for them: a fresh AdamW at the constant ``lr`` after
+    ``CONTROL_WARMUP_STEPS`` of linear warm-up, the warm start's weight decay, grad clip and micro-batch size."""
     device = resolve_device(cfg.trainer.device)
     model = load_model(str(base_dir), dtype=cfg.model.dtype, device=device)
     tokenizer = load_tokenizer(str(base_dir))
-    lr = control_lr(ws) if lr is None else lr
     optim = OptimConfig(
         lr=lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=CONTROL_WARMUP_STEPS,
         scheduler="constant", total_steps=max_steps or 1, min_lr_ratio=0.0, betas=None,
     )  # fmt: skip
-    trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
-    banned = warm_start_exclusions(ws, exclude)
-    stream = sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
-    skip = (ws.steps if skip_steps is None else skip_steps) + stream_offset(ws, seed)
+    return model, tokenizer, PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
+
+
+def _demonstrations_after(ws: WarmStartConfig, exclude: Collection[str], skip: int) -> Iterator[list[SyntheticProblem]]:
+    """The warm start's seeded stream of demonstration batches (its exclusions, its scarce and limited sets), its
+    first ``skip`` batches drawn now (outside any budget)."""
+    stream = demonstration_batches(ws, warm_start_exclusions(ws, exclude))
     next(itertools.islice(stream, skip, skip), None)  # draw the skipped batches now, outside the budget
+    return stream
+
+
+def _train_within(
+    trainer: PolicyTrainer,
+    tokenizer: PreTrainedTokenizerBase,
+    stream: Iterator[list[SyntheticProblem]],
+    *,
+    max_steps: int | None,
+    time_budget_s: float | None,
+    cpu_budget_s: float | None,
+) -> tuple[int, float]:
+    """One SFT step per batch of ``stream`` until a budget is spent (the clocks start here); (steps, last loss)."""
     pad_id = int(tokenizer.pad_token_id)
     steps, loss = 0, float("nan")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -179,17 +221,4 @@ def continue_warm_start(
         )  # (B, P+T)
         loss = trainer.sft_step(batch)["loss"]
         steps += 1
-    model.eval()
-    saved = save_hf_dir(model, tokenizer, output_dir) if output_dir is not None else None
-    wall, cpu = time.perf_counter() - start, time.process_time() - c0
-    logger.info("supervised control: %d steps at lr %g in %.1f s, %.1f CPU s (loss %.4f)", steps, lr, wall, cpu, loss)
-    return ControlResult(
-        steps=steps,
-        wall_s=wall,
-        final_loss=loss,
-        model=model,
-        tokenizer=tokenizer,
-        output_dir=saved,
-        cpu_s=cpu,
-        lr=lr,
-    )
+    return steps, loss

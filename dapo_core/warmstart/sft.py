@@ -265,6 +265,27 @@ def _sft_loop(
     return step, stopped_by, history
 
 
+def warm_start_sets(
+    ws: WarmStartConfig, exclude: Collection[str] = ()
+) -> tuple[list[SyntheticProblem], list[SyntheticProblem], set[str]]:
+    """The warm start's held-out problems, its probe set (empty unless a target greedy accuracy is checked within
+    its steps) and every question it never trains on: ``exclude``'s (normalised), the held-out and the probe ones."""
+    ops = {"min_ops": ws.demos.min_ops, "max_ops": ws.demos.max_ops}
+    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, **ops)
+    banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
+    probe_set: list[SyntheticProblem] = []
+    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:  # its own stream: held-out stays unbiased
+        probe_set = heldout_problems(ws.probe_size, seed=ws.seed, exclude=banned, stream="probe", **ops)
+        banned |= {p.question for p in probe_set}
+    return heldout, probe_set, banned
+
+
+def demonstration_batches(ws: WarmStartConfig, banned: Collection[str]) -> Iterator[list[SyntheticProblem]]:
+    """The seeded stream of demonstration batches with the warm start's settings, none of them on a ``banned``
+    question: the one stream the warm start and its supervised controls draw from."""
+    return sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
+
+
 def run_warm_start(
     cfg: DapoConfig,
     ws: WarmStartConfig,
@@ -283,23 +304,9 @@ def run_warm_start(
     start = time.perf_counter()
     model, tokenizer = build_base_model(cfg, seed=ws.seed)
     model.to(resolve_device(cfg.trainer.device))  # type: ignore[arg-type]
-    heldout = heldout_problems(
-        ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops
-    )
-    banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
-    probe_set: list[SyntheticProblem] = []
-    if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:  # its own stream: held-out stays unbiased
-        probe_set = heldout_problems(
-            ws.probe_size,
-            seed=ws.seed,
-            exclude=banned,
-            min_ops=ws.demos.min_ops,
-            max_ops=ws.demos.max_ops,
-            stream="probe",
-        )
-        banned |= {p.question for p in probe_set}
+    heldout, probe_set, banned = warm_start_sets(ws, exclude)
     trainer = PolicyTrainer(model, ws.optim_config(), micro_batch_size=ws.micro_batch_size)
-    batches = sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
+    batches = demonstration_batches(ws, banned)
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 
     def probe() -> float:

@@ -73,7 +73,7 @@ def _marked(mark: str) -> dict[int, str]:
 
 
 def _no_orphans(mark: str, within_s: float = 30.0) -> None:
-    """Every process started under ``mark`` is gone in time (the reaper, flows/reaper.py, or Ray's shutdown)."""
+    """Every process started under ``mark`` is gone in time (the reaper, flows/services/reaper.py, or Ray's shutdown)."""
     deadline = time.monotonic() + within_s
     while (left := _marked(mark)) and time.monotonic() < deadline:
         time.sleep(0.25)
@@ -87,7 +87,7 @@ def _run_watched(
     directory), SIGKILL a trainer rank as soon as that checkpoint is complete. Returns (exit code, output, the kinds
     of process seen)."""
     seen: set[str] = set()
-    kinds = ("raylet", "gcs_server", "TrainerRank", "flows.reaper")
+    kinds = ("raylet", "gcs_server", "TrainerRank", "flows.services.reaper")
     pending = kill_a_rank_after
     with (
         tempfile.TemporaryFile("w+") as log,  # not a pipe: nobody reads it while the run goes on
@@ -121,7 +121,7 @@ def straight_ray(tmp_path_factory, prefect_api):
     code, out, seen = _run_watched(*command(root, prefect_api, extra=RAY, env=_ray_env(mark)), mark)
     assert code == 0, out[-3000:]
     # else the orphan checks below prove nothing: the marker does reach Ray's processes
-    assert seen == {"raylet", "gcs_server", "TrainerRank", "flows.reaper"}, seen
+    assert seen == {"raylet", "gcs_server", "TrainerRank", "flows.services.reaper"}, seen
     _no_orphans(mark)
     return history(root), final_state(root)
 

@@ -2,7 +2,7 @@
 
 A real `dapo train` subprocess (its own temporary Prefect API server, as a user's command has; MLflow on SQLite) is
 killed with SIGKILL right after its first checkpoint. Every process it had started must be gone within seconds (the
-reaper, flows/reaper.py); `dapo train --resume` then finishes the run and marks the killed flow run CRASHED, naming
+reaper, flows/services/reaper.py); `dapo train --resume` then finishes the run and marks the killed flow run CRASHED, naming
 the flow run that resumed it (tasks/flow_runs.py).
 """
 
@@ -81,7 +81,7 @@ def test_sigkill_leaves_no_orphan_and_resume_marks_the_killed_flow_run_crashed(t
         log.close()
     servers = [pid for pid, (_, cmd) in family.items() if SERVER_MARK in cmd]
     assert servers, f"the killed command had no temporary Prefect server: {family}"  # else the test proves nothing
-    assert any("flows.reaper" in cmd for _, cmd in family.values())
+    assert any("flows.services.reaper" in cmd for _, cmd in family.values())
     end = time.monotonic() + 20
     while any(_alive(pid, t) for pid, (t, _) in family.items()) and time.monotonic() < end:
         time.sleep(0.2)

@@ -40,11 +40,11 @@ def test_a_checkpoint_on_an_epoch_boundary_resumes_bit_for_bit(tmp_path, monkeyp
     real_step = ft._train_step
     epochs_at_crash = []
 
-    def crash_at_5(executor, items, sampler, cfg_, step, gen_total, *rest):
+    def crash_at_5(run_state, step):
         if step == 5:
-            epochs_at_crash.append(sampler.state_dict())
+            epochs_at_crash.append(run_state.sampler.state_dict())
             raise RuntimeError("simulated crash in step 5, right after the epoch-boundary checkpoint")
-        return real_step(executor, items, sampler, cfg_, step, gen_total, *rest)
+        return real_step(run_state, step)
 
     monkeypatch.setattr(ft, "_train_step", crash_at_5)
     with pytest.raises(RuntimeError, match="simulated crash"):
@@ -70,10 +70,10 @@ def test_resume_refuses_a_changed_config_naming_the_keys_unless_forced(tmp_path,
     cfg = make_train_cfg(tmp_path, *EPOCH, "trainer.total_steps=3", "trainer.save_freq=1", "trainer.test_freq=0")
     real_step = ft._train_step
 
-    def crash_at_2(executor, items, sampler, cfg_, step, gen_total, *rest):
+    def crash_at_2(run_state, step):
         if step == 2:
             raise RuntimeError("simulated crash")
-        return real_step(executor, items, sampler, cfg_, step, gen_total, *rest)
+        return real_step(run_state, step)
 
     monkeypatch.setattr(ft, "_train_step", crash_at_2)
     with pytest.raises(RuntimeError, match="simulated crash"):

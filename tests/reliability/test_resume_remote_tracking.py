@@ -56,10 +56,10 @@ def test_crash_then_resume_logs_each_step_once_on_a_remote_server(server, tmp_pa
     cfg = _cfg(tmp_path / "b", server, "crashy", monkeypatch)
     real_step = ft._train_step
 
-    def crash_at_4(executor, items, sampler, cfg_, step, *rest):
+    def crash_at_4(run_state, step):
         if step == 4:
             raise RuntimeError("simulated crash in step 4")
-        return real_step(executor, items, sampler, cfg_, step, *rest)
+        return real_step(run_state, step)
 
     monkeypatch.setattr(ft, "_train_step", crash_at_4)
     with pytest.raises(RuntimeError, match="simulated crash"):

@@ -154,7 +154,7 @@ def test_the_scan_catches_each_thing_it_refuses():
 
 def test_defaults_keep_servers_on_loopback_and_remote_code_off():
     from dapo_core.config import load_config
-    from flows.ui import UiSettings
+    from flows.services.ui import UiSettings
 
     assert UiSettings().host == "127.0.0.1"
     for recipe in ("tiny-dapo", "dapo-qwen2.5-32b"):

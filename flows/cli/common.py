@@ -1,4 +1,4 @@
-"""Options and helpers shared by every `dapo` command module (flows/cli.py and flows/cli_*.py)."""
+"""Options and helpers shared by every `dapo` command module (flows/cli/__init__.py and flows/cli/*.py)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from flows.cli_common import fail
+from flows.cli.common import fail
 
 
 @dataclass(frozen=True)

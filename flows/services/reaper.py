@@ -8,10 +8,10 @@ sends SIGTERM to each recorded descendant still running (matched by pid *and* st
 hit), SIGKILL after ``grace`` seconds, and exits. A process started less than ``interval`` before the kill can escape
 the record; Prefect's server and Ray start long before any kill that matters.
 
-Enabled for the commands that run flows (`flows/cli.py`); not for `dapo ui start`, whose servers are meant to
+Enabled for the commands that run flows (`flows/cli/__init__.py`); not for `dapo ui start`, whose servers are meant to
 outlive it. ``DAPO_NO_REAPER=1`` turns it off.
 
-Run as ``python -m flows.reaper PID START_TIME`` (only `start_reaper` does).
+Run as ``python -m flows.services.reaper PID START_TIME`` (only `start_reaper` does).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def start_reaper() -> subprocess.Popen[bytes] | None:
         return _started
     me = psutil.Process()
     _started = subprocess.Popen(
-        [sys.executable, "-m", "flows.reaper", str(me.pid), repr(me.create_time())],
+        [sys.executable, "-m", "flows.services.reaper", str(me.pid), repr(me.create_time())],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from dapo_core.config import DapoConfig
-from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
+from flows.cli.common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
 
 EXIT_DOES_NOT_FIT = 1
 

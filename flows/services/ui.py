@@ -9,7 +9,7 @@ Each process runs in its own session (process group), logs to ``outputs/ui/<name
 ``outputs/ui/<name>.pid`` (the PID alone, for ``kill``); ``outputs/ui/ui.json`` records the URLs and stores for
 ``dapo ui status``. Stopping signals each recorded process group (SIGTERM, then SIGKILL after a grace period) and
 removes the PID files; a PID file whose process is gone (or whose PID now belongs to a younger process) is stale
-and only removed (``flows.ui_procs``). ``dapo serve`` gets ``PREFECT_API_URL`` of this server,
+and only removed (``flows.services.procs``). ``dapo serve`` gets ``PREFECT_API_URL`` of this server,
 ``MLFLOW_TRACKING_URI`` = the store the MLflow server shows, and ``DAPO_MLFLOW_UI_URL``, so the runs it starts link
 to the MLflow UI.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_URI
-from flows.ui_procs import alive, launch, log_file, pid_file, recorded_process, stop_process
+from flows.services.procs import alive, launch, log_file, pid_file, recorded_process, stop_process
 
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
@@ -89,8 +89,8 @@ def default_store_uri() -> str:
 
 
 def serve_available() -> bool:
-    """Whether this checkout has ``dapo serve`` (flows/cli_serve.py)."""
-    return importlib.util.find_spec("flows.cli_serve") is not None
+    """Whether this checkout has ``dapo serve`` (flows/cli/serve.py)."""
+    return importlib.util.find_spec("flows.cli.serve") is not None
 
 
 # ---------------------------------------------------------------- readiness

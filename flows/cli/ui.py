@@ -22,8 +22,8 @@ from typing import Annotated
 
 import typer
 
-from flows import ui
-from flows.cli_common import fail
+from flows.cli.common import fail
+from flows.services import ui
 
 ui_app = typer.Typer(
     help="The Prefect and MLflow UIs (and `dapo serve`) in the background: start, status, stop.",

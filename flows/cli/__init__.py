@@ -32,7 +32,7 @@ from dapo_core.config import (  # noqa: E402
     flatten_config,
     recipe_summary,
 )
-from flows.cli_common import (  # noqa: E402  (re-exported: the commands' shared options)
+from flows.cli.common import (  # noqa: E402  (re-exported: the commands' shared options)
     ConfigOpt,
     RecipeOpt,
     SetOpt,
@@ -50,7 +50,7 @@ config_app = typer.Typer(help="Inspect the resolved config and the shipped recip
 app.add_typer(config_app, name="config")
 
 
-# commands whose subprocesses (Prefect's temporary server, Ray, engines) must not outlive them (flows/reaper.py);
+# commands whose subprocesses (Prefect's temporary server, Ray, engines) must not outlive them (flows/services/reaper.py);
 # not `ui`, whose servers run on in the background by design
 REAPED_COMMANDS = frozenset({"train", "pipeline", "ablation", "evaluate", "base-model", "curate", "data", "serve"})
 
@@ -62,7 +62,7 @@ def main(
 ) -> None:
     """DAPO (arXiv 2503.14476) as a reproducible pipeline: data -> curate -> train -> evaluate."""
     if ctx.invoked_subcommand in REAPED_COMMANDS:
-        from flows.reaper import start_reaper
+        from flows.services.reaper import start_reaper
 
         start_reaper()
     logging.basicConfig(
@@ -99,30 +99,13 @@ def config_recipes() -> None:
 
 
 def _register_commands() -> None:
-    """Commands that start flows live in their own modules (flows/cli_*.py) and import Prefect lazily."""
-    from flows import (
-        cli_ablation,
-        cli_base,
-        cli_bench,
-        cli_data,
-        cli_eval,
-        cli_pipeline,
-        cli_plan,
-        cli_serve,
-        cli_train,
-        cli_ui,
-    )
+    """Commands that start flows live in their own modules (flows/cli/*.py) and import Prefect lazily; the stage
+    commands (curate, base-model, train, evaluate, pipeline, ablation) take their options from
+    flows/stage_params.py, as the Prefect deployments take their form."""
+    from flows.cli import ablation, base_model, bench, data, evaluate, pipeline, plan, serve, train, ui
 
-    cli_data.register(app)
-    cli_base.register(app)
-    cli_train.register(app)
-    cli_eval.register(app)
-    cli_pipeline.register(app)
-    cli_ablation.register(app)
-    cli_serve.register(app)
-    cli_ui.register(app)
-    cli_bench.register(app)
-    cli_plan.register(app)
+    for module in (data, base_model, train, evaluate, pipeline, ablation, serve, ui, bench, plan):
+        module.register(app)
 
 
 _register_commands()

@@ -1,4 +1,4 @@
-"""`dapo data generate` and `dapo curate`: registered on the main CLI by ``register(app)`` (see flows/cli.py).
+"""`dapo data generate` and `dapo curate`: registered on the main CLI by ``register(app)`` (see flows/cli/__init__.py).
 
 dapo data generate [--force]                 # the seeded synthetic raw file (curation.synthetic)
 dapo curate [--set curation.val_size=100]    # sources -> outputs/curated/ (+ data card, MLflow run)
@@ -12,10 +12,11 @@ from typing import Annotated, Any
 import typer
 
 from dapo_core.config import ConfigError
-from dapo_core.data.curate import DEFAULT_OUTPUT_DIR
 from dapo_core.data.freshness import SourceChangedError
 from dapo_core.data.schema import SchemaError
-from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail
+from flows.cli.common import ConfigOpt, RecipeOpt, SetOpt, fail
+from flows.cli.stage_command import stage_command
+from flows.stage_params import CURATE, StageValues
 
 # What a user can fix from the message alone: print it, no traceback.
 _USER_ERRORS = (ConfigError, SchemaError, FileNotFoundError, ImportError, SourceChangedError)
@@ -65,34 +66,14 @@ def register(app: typer.Typer) -> None:
         state = "wrote" if result["created"] else "kept existing"
         typer.echo(f"{state} {result['path']} ({result['n']} problems, seed {result['seed']}, md5 {result['md5']})")
 
-    @app.command("curate")
-    def curate(
-        config: ConfigOpt = None,
-        recipe: RecipeOpt = None,
-        overrides: SetOpt = None,
-        output_dir: Annotated[
-            str, typer.Option("--output-dir", "-o", help="Where train/val parquet and the card go.")
-        ] = DEFAULT_OUTPUT_DIR,
-        generate: Annotated[
-            bool, typer.Option("--generate/--no-generate", help="Create the synthetic raw file when missing.")
-        ] = True,
-        track: Annotated[bool, typer.Option("--track/--no-track", help="Record an MLflow run.")] = True,
-    ) -> None:
-        """Validate, de-duplicate, normalise and split the curation sources; write parquet + data card."""
-        _check_config(config, recipe, overrides)
-        from flows.curate import curate_flow
+    def curate(v: StageValues) -> None:
+        from flows import stages
 
         try:
-            result = curate_flow(
-                str(config) if config else None,
-                recipe,
-                overrides or [],
-                output_dir=output_dir,
-                generate_missing=generate,
-                track=track,
-            )
-        except _USER_ERRORS as exc:
+            result = stages.run("curate", v)
+        except stages.user_errors("curate") as exc:
             fail(str(exc))
         typer.echo(_summary(result))
 
+    stage_command(app, CURATE, curate)
     app.add_typer(data_app, name="data")

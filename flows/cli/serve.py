@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from flows.cli_common import fail
+from flows.cli.common import fail
 
 _NAME_PREFIX = re.compile(r"[A-Za-z0-9_.-]*")
 

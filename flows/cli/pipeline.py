@@ -19,8 +19,9 @@ from pathlib import Path
 import typer
 
 from dapo_core.config.schema import resolved_run_name
-from flows.cli_common import ConfigOpt, RecipeOpt, SetOpt, fail, resolve_config
-from flows.cli_train import USER_ERRORS, ray_errors
+from flows.cli.common import fail, resolve_config
+from flows.cli.stage_command import stage_command
+from flows.stage_params import PIPELINE, StageValues
 
 
 def _ui_help(tracking_uri: str) -> str:
@@ -38,7 +39,8 @@ def _ui_help(tracking_uri: str) -> str:
 
 def _running_ui_api() -> str | None:
     """The API URL of the Prefect server `make ui` runs for this PREFECT_HOME, if it answers; else None."""
-    from flows import ui, ui_procs
+    from flows.services import procs as ui_procs
+    from flows.services import ui
 
     s = ui.saved_settings(ui.UiSettings().state_dir)
     home = os.environ.get("PREFECT_HOME")
@@ -99,43 +101,43 @@ def _summary(s: dict, wall_s: float, log_file: Path) -> list[str]:
     return lines
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("pipeline")
-    def pipeline(config: ConfigOpt = None, recipe: RecipeOpt = None, overrides: SetOpt = None) -> None:
-        """The whole mission: curate -> base model (warm start) -> train (DAPO) -> evaluate, all tracked."""
-        cfg = resolve_config(config, recipe, overrides)
-        overrides = list(overrides or [])
-        if not cfg.tracking.run_name:  # fix the timestamped default once, so the log path and the run agree
-            overrides.append(f"tracking.run_name={resolved_run_name(cfg)}")
-            cfg = resolve_config(config, recipe, overrides)
-        api = _running_ui_api()
-        if api:  # before Prefect is imported: its settings come from the environment
-            os.environ["PREFECT_API_URL"] = api
-        from flows.console import route_logs  # after prefect and mlflow are imported (by flows.pipeline)
-        from flows.pipeline import pipeline_flow, pipeline_log_path
-        from tasks import progress
+def _pipeline(v: StageValues) -> None:
+    """Run the pipeline: one line per stage and progress bars on screen, everything else to the run's log file."""
+    from flows import stages
 
-        log_file = pipeline_log_path(cfg)
-        # kept to the end of the process: Prefect's temporary server logs its shutdown at exit, into the log file
-        route_logs(log_file, verbose=logging.getLogger().level == logging.DEBUG)
-        reporter = progress.Reporter()
-        reporter.echo(
-            f"dapo pipeline ({cfg.recipe}, run {resolved_run_name(cfg)}): curate -> base model -> train -> evaluate"
-            f"; details in {log_file}"
-        )
-        if api:
-            reporter.echo(f"flow runs go to the Prefect server of `make ui`: {api.removesuffix('/api')}")
-        t0 = time.perf_counter()
-        try:
-            with progress.attached(reporter):
-                reporter.waiting("starting Prefect ...")  # until the first stage starts
-                s = pipeline_flow(
-                    config_path=str(config) if config else None,
-                    recipe=recipe,
-                    overrides=overrides,
-                    log_file=str(log_file),
-                )
-        except (*USER_ERRORS, *ray_errors()) as exc:
-            fail(f"{exc}\n(the log of the run: {log_file})")
-        for line in _summary(s, time.perf_counter() - t0, log_file):
-            typer.echo(line)
+    try:
+        kwargs = stages.prepare("pipeline", v)  # a bad config fails here, before any work
+    except stages.user_errors("pipeline") as exc:
+        fail(str(exc))
+    cfg = resolve_config(kwargs["config_path"], kwargs["recipe"], kwargs["overrides"])
+    api = _running_ui_api()
+    if api:  # before Prefect is imported: its settings come from the environment
+        os.environ["PREFECT_API_URL"] = api
+    from flows.cli.console import route_logs  # after prefect and mlflow are imported (by flows.pipeline)
+    from flows.pipeline import pipeline_flow, pipeline_log_path
+    from tasks import progress
+
+    log_file = pipeline_log_path(cfg)
+    # kept to the end of the process: Prefect's temporary server logs its shutdown at exit, into the log file
+    route_logs(log_file, verbose=logging.getLogger().level == logging.DEBUG)
+    reporter = progress.Reporter()
+    reporter.echo(
+        f"dapo pipeline ({cfg.recipe}, run {resolved_run_name(cfg)}): curate -> base model -> train -> evaluate"
+        f"; details in {log_file}"
+    )
+    if api:
+        reporter.echo(f"flow runs go to the Prefect server of `make ui`: {api.removesuffix('/api')}")
+    t0 = time.perf_counter()
+    try:
+        with progress.attached(reporter):
+            reporter.waiting("starting Prefect ...")  # until the first stage starts
+            s = pipeline_flow(**kwargs, log_file=str(log_file))
+    except stages.user_errors("pipeline") as exc:
+        fail(f"{exc}\n(the log of the run: {log_file})")
+    for line in _summary(s, time.perf_counter() - t0, log_file):
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``dapo pipeline`` (its options: flows/stage_params.py's PIPELINE) to ``app``."""
+    stage_command(app, PIPELINE, _pipeline)
