@@ -31,6 +31,7 @@ import torch
 import torch.multiprocessing as mp
 
 from benchmarks.common import random_policy_batch, write_results
+from dapo_core.config import AlgorithmConfig, TrainerConfig
 from dapo_core.distributed.sharding import shard_for_update
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.models import build_tiny_qwen2
@@ -90,13 +91,15 @@ def _worker(rank: int, layout: str, world: int, port: int, out_dir: str) -> None
         model = apply_fsdp2(model, FsdpSettings(param_dtype="float32", reduce_dtype="float32"))
     else:
         model.to(device)
-    trainer = PolicyTrainer(model, OptimConfig(lr=1e-5, weight_decay=0.0), micro_batch_size=MICRO, device=device)
+    optim = OptimConfig.from_config(TrainerConfig(lr=1e-5, weight_decay=0.0, lr_warmup_steps=0))
+    loss = LossConfig.from_config(AlgorithmConfig(clip_c=None), max_response_length=RESP_LEN)  # no dual clip
+    trainer = PolicyTrainer(model, optim, micro_batch_size=MICRO, device=device)
     batch = _batch()
     shard = batch if world == 1 else shard_for_update(batch, MINI_GROUPS, world)[rank]
     groups = MINI_GROUPS if world == 1 else 1
 
     def step() -> None:
-        trainer.update(shard, LossConfig(), ppo_epochs=1, mini_batch_groups=groups)
+        trainer.update(shard, loss, ppo_epochs=1, mini_batch_groups=groups)
         if cuda:
             torch.cuda.synchronize(device)
         if dist.is_initialized():

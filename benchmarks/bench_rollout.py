@@ -151,7 +151,9 @@ def vllm_results(model, tokenizer, cases: list[tuple[str, int, int, int]], repea
             out = []
             for name, count, n, new in cases:
                 prompts = make_prompts(tokenizer, count)
-                sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
+                sampling = SamplingConfig(
+                    n=n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, seed=0, return_log_probs=True
+                )
                 rate, tokens = _best_rate(
                     lambda p=prompts, s=sampling: sum(r.response_length for r in engine.generate(p, s)), repeats
                 )
@@ -239,7 +241,9 @@ def _case(
     multi = HFRolloutBackend(model, tokenizer, micro_batch_size=case_rows, decode="static", procs=procs)
 
     def hf(log_probs: bool, engine=backend, prompts=prompts, n=n, new=new) -> int:
-        sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=log_probs)
+        sampling = SamplingConfig(
+            n=n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, seed=0, return_log_probs=log_probs
+        )
         return sum(r.response_length for r in engine.generate(prompts, sampling))
 
     rounds = _interleaved(
@@ -254,7 +258,9 @@ def _case(
     )
     (bare, bare_tokens), (ours, ours_tokens) = max(rounds["bare"]), max(rounds["hf"])
     ours_lp, (fast_lp, fast_tokens) = max(rounds["hf_lp"])[0], max(rounds["static"])
-    sampling = SamplingConfig(n=n, temperature=1.0, max_new_tokens=new, seed=0, return_log_probs=True)
+    sampling = SamplingConfig(
+        n=n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new, seed=0, return_log_probs=True
+    )
     reference = [r.response_ids for r in backend.generate(prompts, sampling)]
     same = reference == [r.response_ids for r in static.generate(prompts, sampling)]
     procs_same = procs > 1 and reference == [r.response_ids for r in multi.generate(prompts, sampling)]

@@ -12,6 +12,7 @@ import torch
 
 from benchmarks.common import best_of, matmul_gflops, random_policy_batch, write_results
 from dapo_core.algorithm import log_probs_from_logits, masked_sum
+from dapo_core.config import AlgorithmConfig, TrainerConfig
 from dapo_core.engines.batch import split_by_groups, split_rows
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
@@ -28,13 +29,14 @@ def main() -> None:
     batch = random_policy_batch(
         groups=GROUPS, g=G, prompt_len=PROMPT_LEN, resp_len=RESP_LEN, vocab=len(tok), pad=tok.pad_token_id
     )
-    optim = OptimConfig(lr=1e-5, weight_decay=0.0)
+    optim = OptimConfig.from_config(TrainerConfig(lr=1e-5, weight_decay=0.0, lr_warmup_steps=0))
+    loss = LossConfig.from_config(AlgorithmConfig(clip_c=None), max_response_length=RESP_LEN)  # no dual clip
     trainer = PolicyTrainer(model, optim, micro_batch_size=MICRO)
     batch.old_log_probs, _ = trainer.compute_log_probs(batch)
     tokens = int(batch.attention_mask.sum())
 
     def ours() -> None:
-        trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=MINI_GROUPS)
+        trainer.update(batch, loss, ppo_epochs=1, mini_batch_groups=MINI_GROUPS)
 
     bare_opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
 

@@ -97,7 +97,9 @@ def run(args: argparse.Namespace) -> dict:
     startup = time.perf_counter() - t0
     try:
         prompts = make_prompts(tokenizer, args.prompts)
-        sampling = SamplingConfig(n=args.n, temperature=1.0, max_new_tokens=args.max_new_tokens, seed=0)
+        sampling = SamplingConfig(
+            n=args.n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=args.max_new_tokens, seed=0
+        )
         backend.generate(prompts[: max(1, len(prompts) // 8)], sampling)  # warm-up
         best, tokens = 0.0, 0
         for k in range(args.repeats):

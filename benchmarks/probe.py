@@ -35,14 +35,14 @@ def make(n: int = 200) -> Path:
     from dapo_core.config import load_config
     from dapo_core.data.schema import write_rl_parquet
     from dapo_core.data.synthetic import synthetic_records
-    from dapo_core.engines.sft_data import heldout_problems
+    from dapo_core.warmstart.demos import heldout_problems
     from flows.base_model import warm_start_settings
     from tasks.base_model import read_exclusions
 
     ws = warm_start_settings(load_config(recipe="tiny-dapo"))
     exclude = read_exclusions(CURATED)
     problems = heldout_problems(
-        n, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
+        n, seed=ws.seed, exclude=exclude, min_ops=ws.demos.min_ops, max_ops=ws.demos.max_ops, stream="probe"
     )
     records = synthetic_records(problems)
     PROBE_DIR.mkdir(parents=True, exist_ok=True)
@@ -96,7 +96,7 @@ def control(lr: float, *, clean: bool, cpu_s: float, seed: int = 1, base: str = 
     import json
 
     from dapo_core.config import load_config
-    from dapo_core.engines.sft_control import continue_warm_start
+    from dapo_core.warmstart.control import continue_warm_start
     from flows.base_model import warm_start_settings
     from flows.evaluate import evaluate_flow
     from tasks.base_model import read_exclusions

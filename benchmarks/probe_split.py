@@ -1,11 +1,11 @@
 """Is there a task split where DAPO beats both supervised controls? Probe-set experiments (issue 43.3).
 
 The paper's setting: a verifier, and demonstrations that do not cover the hard part. Here: a warm start whose
-demonstrations of problems with ``scarce_from_ops`` operations or more are a fixed few (``scarce_demos``), RL on the
-whole range (the curated problems, answers only), both scored on the whole range of the probe set (never the
-held-out problems). One setting per call:
+demonstrations of problems with ``base_model.demos.scarce_from_ops`` operations or more are a fixed few
+(``base_model.demos.scarce_demos``), RL on the whole range (the curated problems, answers only), both scored on the
+whole range of the probe set (never the held-out problems). One setting per call:
 
-    python -m benchmarks.probe_split TAG [--set base_model.KEY=VALUE ...] [--steps 16]
+    python -m benchmarks.probe_split TAG [--set base_model.demos.KEY=VALUE ...] [--steps 16]
 
 1. ``dapo base-model`` with the settings -> outputs/probe/split-TAG/base (1200 steps: ~7 min on 2 cores);
 2. the base model on the probe set: avg@8 and pass@8, per operation count (no hard-part signal: pass@8 ~ 0);
@@ -58,7 +58,7 @@ def score(cfg: Any, model_dir: str | Path) -> dict[str, Any]:
 
 def main(tag: str, sets: list[str], steps: int) -> dict[str, Any]:
     from dapo_core.config import load_config
-    from dapo_core.engines.sft_control import continue_warm_start
+    from dapo_core.warmstart.control import continue_warm_start
     from flows.base_model import warm_start_settings
     from flows.controls import rl_budget
     from tasks.base_model import read_exclusions

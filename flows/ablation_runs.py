@@ -24,8 +24,6 @@ from prefect.exceptions import MissingContextError
 
 from dapo_core.config import DapoConfig
 from dapo_core.config.ablation import SFT_CONTROL, SFT_CONTROL_CLEAN, Regime, run_name
-from dapo_core.engines.sft import WarmStartConfig
-from dapo_core.engines.sft_control import continue_warm_start, stream_offset
 from dapo_core.evaluation.ablation_journal import (
     PROJECT_ROOT,
     AblationJournal,
@@ -34,6 +32,8 @@ from dapo_core.evaluation.ablation_journal import (
     fingerprint,
 )
 from dapo_core.evaluation.runner import stop_split
+from dapo_core.warmstart.control import continue_warm_start, stream_offset
+from dapo_core.warmstart.sft import WarmStartConfig
 from flows.evaluate import evaluate_flow
 from tasks import tracking
 from tasks.base_model import STAMP_FILE
@@ -58,6 +58,8 @@ def config_view(cfg: DapoConfig) -> dict[str, Any]:
     """The config as it determines results: tracking (where results go, maybe credentials) left out, and the
     ``FINGERPRINT_NEUTRAL`` knobs at their neutral values."""
     view = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "tracking"}
+    base_model = view.get("base_model", {})
+    base_model.update(base_model.pop("demos", {}))  # flat, as journaled before base_model.demos existed (issue 44)
     for (section, key), neutral in FINGERPRINT_NEUTRAL.items():
         if view.get(section, {}).get(key, neutral) == neutral:
             view.get(section, {}).pop(key, None)

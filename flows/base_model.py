@@ -11,13 +11,12 @@ else warm-start (SFT on synthetic worked solutions, held-out accuracy) -> log me
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
 
 from dapo_core.config import DapoConfig, load_config
-from dapo_core.engines.sft import WarmStartConfig, exclusion_digest, warm_start_config_from
+from dapo_core.warmstart.sft import WarmStartConfig, exclusion_digest
 from tasks import base_model as T
 from tasks import tracking
 
@@ -31,7 +30,8 @@ RUN_NAME = "base_model"
 def warm_start_settings(cfg: DapoConfig, **knobs: Any) -> WarmStartConfig:
     """The config's ``base_model:`` section (seed: ``trainer.seed``), then every knob that is not None."""
     given = {k: v for k, v in knobs.items() if v is not None}
-    return replace(warm_start_config_from(cfg), **given)
+    seed = given.pop("seed", cfg.trainer.seed)
+    return WarmStartConfig.from_config(cfg.base_model, seed=seed, max_new_tokens=cfg.data.max_response_length, **given)
 
 
 @flow(name="dapo-base-model", log_prints=False, validate_parameters=True)

@@ -26,7 +26,8 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 
 from dapo_core.config import DapoConfig
-from dapo_core.data.curate import DEFAULT_OUTPUT_DIR, CurationConfig
+from dapo_core.config.curation import CurationConfig
+from dapo_core.data.curate import DEFAULT_OUTPUT_DIR
 from tasks.data import (
     curate_sources,
     curation_settings,

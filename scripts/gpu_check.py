@@ -192,7 +192,25 @@ def require(condition: bool, what: str) -> None:
         raise AssertionError(what)
 
 
-LOSS = LossConfig(clip_c=10.0)
+# The settings of the checks, written out: this script runs where the config package (pydantic) is absent, so it
+# cannot build them from a recipe. DAPO's loss (clip-higher 0.2 / 0.28, dual clip 10, token-mean) and AdamW at a
+# constant lr without warm-up, weight decay 0.1, grad clip 1.0 unless a check says otherwise.
+LOSS = LossConfig(
+    mode="ppo-clip",
+    clip_low=0.2,
+    clip_high=0.28,
+    clip_c=10.0,
+    loss_agg="token-mean",
+    norm_length=None,
+    entropy_coef=0.0,
+)
+
+
+def adamw(lr: float, grad_clip: float = 1.0) -> OptimConfig:
+    return OptimConfig(
+        lr=lr, weight_decay=0.1, grad_clip=grad_clip, warmup_steps=0, scheduler="constant", total_steps=1,
+        min_lr_ratio=0.0, betas=None,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -200,7 +218,7 @@ def fsdp_bf16_update(ctx: Ctx) -> dict[str, Any]:
     """bf16 FSDP2 DAPO updates of the 0.5B-shaped model (tiny in a dry run): step time, tokens/s, peak memory."""
     s = ctx.big_sizes
     settings = FsdpSettings(param_dtype="bfloat16", reduce_dtype="float32")
-    trainer = fsdp_trainer(ctx, ctx.big, settings, OptimConfig(lr=1e-5, weight_decay=0.1, grad_clip=1.0),
+    trainer = fsdp_trainer(ctx, ctx.big, settings, adamw(1e-5),
                            micro=s.micro, checkpointing=True)  # fmt: skip
     params = sum(p.numel() for p in trainer.model.parameters()) * ctx.world  # shards x ranks (approx. the model)
     batch = with_old_log_probs(trainer, random_batch(ctx.big["vocab_size"], s))
@@ -239,7 +257,7 @@ def cpu_offload_clip(ctx: Ctx) -> dict[str, Any]:
     """CPU offload through an update whose grad clip binds, vs the same fp32 update without offload."""
     s = ctx.sizes
     clip = 1e-3  # far below the grad norm: clip coefficient << 1
-    optim = OptimConfig(lr=1e-4, weight_decay=0.1, grad_clip=clip)
+    optim = adamw(1e-4, grad_clip=clip)
     fp32 = FsdpSettings("float32", "float32")
     start = {
         k: v.clone()
@@ -289,7 +307,7 @@ def cpu_offload_clip(ctx: Ctx) -> dict[str, Any]:
 def dcp_round_trip(ctx: Ctx) -> dict[str, Any]:
     """Sharded save after a step, a fresh model loads it, the next step's loss is identical."""
     s = ctx.sizes
-    optim = OptimConfig(lr=1e-4, weight_decay=0.1, grad_clip=1.0)
+    optim = adamw(1e-4)
     settings = FsdpSettings("bfloat16", "float32")
     trainer = fsdp_trainer(ctx, ctx.medium, settings, optim, micro=s.micro)
     batch = with_old_log_probs(trainer, random_batch(ctx.medium["vocab_size"], s))
@@ -394,7 +412,7 @@ def _wake(device: torch.device, nbytes: int) -> str:
 def release_before_wake(ctx: Ctx) -> dict[str, Any]:
     """After an update: what release_cached_memory gives back, and whether a 70%-of-free wake fits before / after."""
     s = ctx.big_sizes
-    trainer = fsdp_trainer(ctx, ctx.big, FsdpSettings("bfloat16", "float32"), OptimConfig(lr=1e-5),
+    trainer = fsdp_trainer(ctx, ctx.big, FsdpSettings("bfloat16", "float32"), adamw(1e-5),
                            micro=s.micro, checkpointing=True)  # fmt: skip
     batch = with_old_log_probs(trainer, random_batch(ctx.big["vocab_size"], s))
     trainer.update(my_shard(ctx, batch, s.groups), LOSS, ppo_epochs=1, mini_batch_groups=1)
@@ -461,7 +479,7 @@ def planner_section(ctx: Ctx) -> dict[str, Any]:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(ctx.device)
     base = torch.cuda.memory_allocated(ctx.device)  # what earlier sections left allocated (not this update's)
-    trainer = fsdp_trainer(ctx, ctx.big, FsdpSettings("bfloat16", "float32"), OptimConfig(lr=1e-5),
+    trainer = fsdp_trainer(ctx, ctx.big, FsdpSettings("bfloat16", "float32"), adamw(1e-5),
                            micro=s.micro, checkpointing=True)  # fmt: skip
     batch = with_old_log_probs(trainer, random_batch(ctx.big["vocab_size"], s))
     trainer.update(my_shard(ctx, batch, s.groups), LOSS, ppo_epochs=1, mini_batch_groups=1)

@@ -1,6 +1,6 @@
 """Prefect tasks of the base-model stage: exclusions, the cache stamp, the warm start, MLflow logging.
 
-Thin wrappers: the work is ``dapo_core.engines.sft``. The stage is cached by a stamp file written into the
+Thin wrappers: the work is ``dapo_core.warmstart.sft``. The stage is cached by a stamp file written into the
 output directory after the model: a hash of everything that changes the weights (the tiny architecture, the
 warm-start knobs and seed, the exclusion set's digest, the tokenizer alphabet). Same stamp -> the existing
 directory is reused and its recorded metrics are reported again.
@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,15 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import DapoConfig
+from dapo_core.config.serialize import flat_items
 from dapo_core.data.schema import read_rl_files
-from dapo_core.engines.sft import (
+from dapo_core.engines.tokenizer import DEFAULT_ALPHABET
+from dapo_core.warmstart.sft import (
     WarmStartConfig,
     WarmStartResult,
     normalize_question,
     run_warm_start,
 )
-from dapo_core.engines.tokenizer import DEFAULT_ALPHABET
 from tasks import progress, tracking
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def warm_start(
 
 def log_knobs(ws: WarmStartConfig, run_id: str) -> None:
     """The warm-start knobs as MLflow params ``warm_start.<name>`` (the proposed ``base_model:`` config section)."""
-    params = [Param(f"warm_start.{k}", str(v)) for k, v in sorted(asdict(ws).items())]
+    params = [Param(f"warm_start.{k}", str(v)) for k, v in sorted(flat_items(ws))]
     MlflowClient().log_batch(run_id, params=params)
 
 

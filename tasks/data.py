@@ -5,7 +5,7 @@ cached by Prefect (the inputs are large, the outputs are files that DVC tracks);
 and ``CurationResult`` in-process.
 
 Config: the main config (``data.template``, ``data.max_prompt_length``, ``model.tokenizer_path``, tracking) plus
-the ``curation:`` section (``dapo_core.data.curate.CurationConfig``), read from the same YAML file or recipe.
+the ``curation:`` section (``dapo_core.config.curation.CurationConfig``), read from the same YAML file or recipe.
 ``--set curation.val_size=100`` overrides it like any other key; a missing section means all defaults.
 """
 
@@ -24,8 +24,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from dapo_core.config import DapoConfig, load_config
+from dapo_core.config.curation import CurationConfig, SyntheticDataConfig
 from dapo_core.data.card import CARD_JSON, CARD_MD, build_card, render_markdown, write_card
-from dapo_core.data.curate import CurationConfig, SyntheticDataConfig, curate
+from dapo_core.data.curate import curate
 from dapo_core.data.curate_report import CurationResult
 from dapo_core.data.freshness import check_unchanged
 from dapo_core.data.loaders import SourceRows, SourceSpec, file_md5, load_source

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dapo_core.engines.batch import PolicyBatch, build_policy_batch
+from dapo_core.engines.loss import LossConfig
+from dapo_core.engines.optim import OptimConfig
+from dapo_core.engines.rollout.base import SamplingConfig
 
 VOCAB = 24
 PAD = 0
+MAX_RESPONSE = 64  # L_max of the loss built by ``loss_config`` (Dr. GRPO's constant)
+
+
+def optim_config(lr: float, **kw: Any) -> OptimConfig:
+    """An engine test's optimizer: AdamW at a constant ``lr`` without warm-up, weight decay 0.1, grad clip 1.0 and
+    AdamW's own betas; ``kw`` replaces any of them."""
+    fields: dict[str, Any] = dict(weight_decay=0.1, grad_clip=1.0, warmup_steps=0, scheduler="constant", total_steps=1,
+                                  min_lr_ratio=0.0, betas=None)  # fmt: skip
+    return OptimConfig(lr=lr, **{**fields, **kw})
+
+
+def plain_sampling(**kw: Any) -> SamplingConfig:
+    """An engine test's sampling: one response per prompt from the whole distribution (temperature 1, no top-p or
+    top-k), at most 32 new tokens, seed 0; ``kw`` replaces any of them."""
+    return SamplingConfig(**{"n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 32, **kw})
+
+
+def loss_config(**algorithm: Any) -> LossConfig:
+    """The policy loss of an ``algorithm:`` section with these keys and the schema's defaults for the rest (DAPO's
+    ppo-clip at 0.2 / 0.28, token-mean), except the dual clip: off unless ``clip_c`` is given."""
+    from dapo_core.config import AlgorithmConfig
+
+    section = AlgorithmConfig(**{"clip_c": None, **algorithm})
+    return LossConfig.from_config(section, max_response_length=MAX_RESPONSE)
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> Qwen2ForCausalLM:

@@ -32,7 +32,6 @@ from dapo_core.config.ablation import (
     run_overrides,
 )
 from dapo_core.engines.executor import loss_config_from
-from dapo_core.engines.sft_control import control_lr
 from dapo_core.evaluation.ablation_journal import code_digest
 from dapo_core.evaluation.ablation_report import (
     check_results,
@@ -41,6 +40,7 @@ from dapo_core.evaluation.ablation_report import (
     summarize_rung,
     write_report,
 )
+from dapo_core.warmstart.control import control_lr
 from flows.ablation import DEFAULT_RECIPE  # the ladder's recipe when `dapo ablation` gets no --recipe
 from flows.base_model import warm_start_settings
 from tasks.tracking import flatten_config, git_tags

@@ -11,11 +11,13 @@ import typer
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
-from dapo_core.config import load_config
+from dapo_core.config import BaseModelStageConfig, ConfigError, DemosConfig, load_config
 from dapo_core.data.schema import ProblemRecord, write_rl_parquet
 from dapo_core.data.synthetic import generate_problems
 from dapo_core.engines.models import load_model
-from dapo_core.engines.sft import (
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.sft import (
     WarmStartConfig,
     evaluate_heldout,
     exclusion_digest,
@@ -25,10 +27,7 @@ from dapo_core.engines.sft import (
     response_ids,
     run_warm_start,
     sft_batches,
-    warm_start_config_from,
 )
-from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.seeding import derive_seed
 
 SMALL_MODEL = [
     "model.tiny.hidden_size=32",
@@ -50,9 +49,10 @@ def one_thread():
 
 
 def small_ws(**kw) -> WarmStartConfig:
+    """The schema's warm start (every knob at its default) with a small budget, seed 3 and 24 new tokens."""
     base = dict(steps=12, lr=1e-2, warmup_steps=2, batch_size=16, micro_batch_size=16, heldout_size=4,
-                heldout_k=2, max_new_tokens=24, log_every=3, seed=3)  # fmt: skip
-    return WarmStartConfig(**{**base, **kw})
+                heldout_k=2, log_every=3)  # fmt: skip
+    return WarmStartConfig.from_config(BaseModelStageConfig(), seed=3, max_new_tokens=24, **{**base, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -64,24 +64,28 @@ def test_normalize_question_strips_template_and_spaces() -> None:
 
 def test_sft_stream_never_yields_excluded_or_heldout_questions() -> None:
     # one-operation problems repeat often, so exclusion really has to filter
-    first = [p.question for batch, _ in zip(sft_batches(50, seed=1, max_ops=1), range(4), strict=False) for p in batch]
+    first = [
+        p.question
+        for batch, _ in zip(sft_batches(50, DemosConfig(max_ops=1), seed=1), range(4), strict=False)
+        for p in batch
+    ]
     exclude = set(first[:100])
-    held = heldout_problems(30, seed=1, exclude=[f"Q: {q}" for q in first[100:120]], max_ops=1)
+    held = heldout_problems(30, seed=1, exclude=[f"Q: {q}" for q in first[100:120]], min_ops=1, max_ops=1)
     assert not {p.question for p in held} & set(first[100:120])
     assert len({p.question for p in held}) == 30  # distinct
     banned = exclude | {p.question for p in held}
     seen = [
         p.question
-        for batch, _ in zip(sft_batches(50, seed=1, exclude=banned, max_ops=1), range(20), strict=False)
+        for batch, _ in zip(sft_batches(50, DemosConfig(max_ops=1), seed=1, exclude=banned), range(20), strict=False)
         for p in batch
     ]
     assert len(seen) == 1000 and not set(seen) & banned
 
 
 def test_sft_stream_is_seeded() -> None:
-    a = next(sft_batches(8, seed=5))
-    assert a == next(sft_batches(8, seed=5))
-    assert a != next(sft_batches(8, seed=6))
+    a = next(sft_batches(8, DemosConfig(), seed=5))
+    assert a == next(sft_batches(8, DemosConfig(), seed=5))
+    assert a != next(sft_batches(8, DemosConfig(), seed=6))
 
 
 def test_prompt_and_response_ids_follow_the_chat_template(tmp_path) -> None:
@@ -95,17 +99,69 @@ def test_prompt_and_response_ids_follow_the_chat_template(tmp_path) -> None:
 
 
 def test_settings_come_from_the_base_model_section() -> None:
+    from flows.base_model import warm_start_settings
+
     cfg = load_config(recipe="tiny-dapo", overrides=["base_model.lr=0.005", "trainer.seed=7"])
-    ws = warm_start_config_from(cfg)
+    ws = warm_start_settings(cfg)
     assert (ws.lr, ws.seed, ws.max_new_tokens) == (0.005, 7, cfg.data.max_response_length)
-    assert ws.steps == cfg.base_model.steps and ws.heldout_k == cfg.base_model.heldout_k
+    # every knob is the section's, nothing restated: the settings are the section plus the seed and the length
+    assert ws.model_dump(exclude={"seed", "max_new_tokens"}) == cfg.base_model.model_dump()
+    # the stage's knobs (None = the section's) and its own seed go on top
+    given = warm_start_settings(cfg, steps=5, lr=None, heldout_k=3, seed=11)
+    assert (given.steps, given.lr, given.heldout_k, given.seed) == (5, 0.005, 3, 11)
 
 
-def test_bad_settings_say_value_and_rule() -> None:
-    with pytest.raises(ValueError, match=r"steps \(0\) must be >= 1"):
-        WarmStartConfig(steps=0)
-    with pytest.raises(ValueError, match=r"time_budget_s \(-1\) must be > 0"):
-        WarmStartConfig(time_budget_s=-1)
+def test_every_setting_defaults_to_the_schema_and_nowhere_else() -> None:
+    """The single source of the warm start's defaults: the base_model section. Built from a default section,
+    every field equals the schema's default; the only fields the settings add (seed, max_new_tokens) have none."""
+    import inspect
+
+    ws = WarmStartConfig.from_config(BaseModelStageConfig(), seed=0, max_new_tokens=8)
+    assert set(inspect.get_annotations(WarmStartConfig)) == {"seed", "max_new_tokens"}  # no knob declared again
+    section_fields = BaseModelStageConfig.model_fields
+    assert set(WarmStartConfig.model_fields) == {*section_fields, "seed", "max_new_tokens"}
+    for name, field in section_fields.items():
+        assert getattr(ws, name) == field.get_default(call_default_factory=True), name
+    assert all(WarmStartConfig.model_fields[name].is_required() for name in ("seed", "max_new_tokens"))
+    optim = ws.optim_config()  # the SFT optimizer: the section's schedule, AdamW's own betas
+    assert (optim.lr, optim.weight_decay, optim.grad_clip, optim.warmup_steps, optim.min_lr_ratio) == (
+        ws.lr, ws.weight_decay, ws.grad_clip, ws.warmup_steps, ws.min_lr_ratio,
+    )  # fmt: skip
+    assert (optim.scheduler, optim.total_steps, optim.betas) == ("cosine", ws.steps, None)
+    with pytest.raises(ValueError, match="seed"):
+        WarmStartConfig.model_validate(BaseModelStageConfig().model_dump())  # no seed, no length: no defaults
+
+
+def test_the_stamp_is_the_one_base_models_were_built_under() -> None:
+    """The stage's cache stamp of params.yaml's warm start, as it was before its settings were built from the
+    section (issue 44): a base model built then is still up to date."""
+    from flows.base_model import warm_start_settings
+
+    stamp = warm_start_settings(load_config(recipe="tiny-dapo", env={})).stamp()
+    assert stamp == {
+        "batch_size": 56, "check_every": 100, "check_from": 0, "grad_clip": 1.0, "heldout_k": 8,
+        "heldout_size": 200, "lr": 0.0015, "max_new_tokens": 80, "max_ops": 4, "micro_batch_size": 16,
+        "min_lr_ratio": 0.1, "min_ops": 1, "num_demos": None, "probe_size": 200, "run_on_frac": 0.6,
+        "run_on_style": "answer_only", "scarce_demos": 0, "scarce_from_ops": None, "seed": 42, "shortcut_frac": 0.0,
+        "shortcut_style": "answer_only", "steps": 1200, "target_greedy_acc": None, "time_budget_s": None,
+        "warmup_steps": 100, "weight_decay": 0.0,
+    }  # fmt: skip
+
+
+def test_bad_settings_say_key_value_and_rule() -> None:
+    from flows.base_model import warm_start_settings
+
+    cfg = load_config(recipe="tiny-dapo")
+    with pytest.raises(ConfigError, match=r"^base_model.steps \(0\) must be > 0"):
+        warm_start_settings(cfg, steps=0)
+    with pytest.raises(ConfigError, match=r"^base_model.time_budget_s \(-1\) must be > 0"):
+        small_ws(time_budget_s=-1)
+    with pytest.raises(
+        ConfigError, match=r"\(\+ --set base_model.time_budget_s=0\): base_model.time_budget_s \(0\) must be > 0"
+    ):
+        load_config(recipe="tiny-dapo", overrides=["base_model.time_budget_s=0"])
+    with pytest.raises(ConfigError, match=r"^base_model.min_lr_ratio \(1.5\) must be in \[0, 1\]"):
+        small_ws(min_lr_ratio=1.5)
 
 
 # ------------------------------------------------------------------------------------------------ SFT
@@ -136,7 +192,7 @@ def test_sft_lowers_the_loss_and_reports_heldout_metrics(small_run) -> None:
     # the held-out metrics are those of the saved (trained) model on the documented held-out set: evaluating it
     # again gives the same numbers (measured: mean length 15.375, a quarter truncated; the untrained model differs)
     model, tok = load_model(str(result.output_dir)), load_tokenizer(str(result.output_dir))
-    held = heldout_problems(4, seed=3, exclude=["Q: 1+2"])
+    held = heldout_problems(4, seed=3, min_ops=1, max_ops=4, exclude=["Q: 1+2"])
     again = evaluate_heldout(model.eval(), tok, held, k=2, seed=derive_seed(3, "heldout_sampling"), max_new_tokens=24)
     assert again == {k: v for k, v in final.items() if k.startswith("heldout/") and k != "heldout/eval_s"}
     assert 1 <= final["heldout/response_length/mean"] <= 24
@@ -174,7 +230,7 @@ def test_time_budget_stops_early_and_still_evaluates(small_run) -> None:
 
 
 def test_target_accuracy_stops_at_the_first_check_that_reaches_it(small_run, monkeypatch) -> None:
-    import dapo_core.engines.sft as sft
+    import dapo_core.warmstart.sft as sft
 
     cfg, _, _ = small_run
     seen: list[tuple[int, int]] = []  # (probe size, call number)
@@ -197,15 +253,15 @@ def test_target_accuracy_stops_at_the_first_check_that_reaches_it(small_run, mon
 
 
 def test_probe_set_is_disjoint_from_heldout_and_never_trained_on(monkeypatch) -> None:
-    held = heldout_problems(40, seed=3, max_ops=1)
-    probe = heldout_problems(40, seed=3, max_ops=1, exclude=[p.question for p in held], stream="probe")
+    held = heldout_problems(40, seed=3, min_ops=1, max_ops=1)
+    probe = heldout_problems(40, seed=3, min_ops=1, max_ops=1, exclude=[p.question for p in held], stream="probe")
     assert len(probe) == 40 and not {p.question for p in probe} & {p.question for p in held}
     assert [p.question for p in probe] != [p.question for p in held[:40]]
 
 
 def test_target_setting_is_checked() -> None:
-    with pytest.raises(ValueError, match=r"target_greedy_acc \(1.5\) must be in \(0, 1\]"):
-        WarmStartConfig(target_greedy_acc=1.5)
+    with pytest.raises(ConfigError, match=r"base_model.target_greedy_acc \(1.5\) must be in \(0, 1\]"):
+        small_ws(target_greedy_acc=1.5)
 
 
 # ------------------------------------------------------------------------------------------------ flow

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from _tiny import random_batch, tiny_model_dir
+from _tiny import plain_sampling, random_batch, tiny_model_dir
 
 import dapo_core.distributed.executor as rex
 import dapo_core.engines.executor as lex
@@ -94,7 +94,7 @@ def test_local_colocated_step_releases_after_update_and_before_the_engine_wakes(
     ex, log = _recording_local(model_dir, monkeypatch)
     ex.update(_trained_batch(ex))
     assert ex.sync_weights() == 1
-    ex.generate([[3, 4]], SamplingConfig(n=2, max_new_tokens=2))
+    ex.generate([[3, 4]], plain_sampling(n=2, max_new_tokens=2))
     assert log == ["sleep", "update", "release trainer", "wake weights", "load weights", "wake kv_cache", "generate"]
     assert ex.last_sync is not None and (ex.last_sync.version, ex.last_sync.bytes) == (1, 123)
 
@@ -102,8 +102,8 @@ def test_local_colocated_step_releases_after_update_and_before_the_engine_wakes(
 def test_a_generate_after_training_without_a_sync_still_releases_first_and_only_once(model_dir, monkeypatch):
     ex, log = _recording_local(model_dir, monkeypatch)
     _trained_batch(ex)  # compute_log_probs: a training phase (the engine sleeps, the trainer allocates)
-    ex.generate([[3, 4]], SamplingConfig(n=1, max_new_tokens=2))
-    ex.generate([[3, 4]], SamplingConfig(n=1, max_new_tokens=2))
+    ex.generate([[3, 4]], plain_sampling(n=1, max_new_tokens=2))
+    ex.generate([[3, 4]], plain_sampling(n=1, max_new_tokens=2))
     assert log == ["sleep", "release trainer", "wake kv_cache", "generate", "generate"]
 
 
@@ -152,7 +152,7 @@ def test_ray_controller_releases_every_rank_after_the_update_before_streaming_we
     batch.advantages = torch.zeros(batch.response_mask.shape[0])
     ex.update(batch)
     assert ex.sync_weights() == 1
-    ex.generate([[3]], SamplingConfig())
+    ex.generate([[3]], plain_sampling())
     timeout = cfg.resources.rollout_sleep_timeout_s
     assert log == [
         f"rollout.sleep {{'timeout_s': {timeout}}}",  # the sleep's own timeout, not the actor-start one

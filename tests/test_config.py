@@ -119,14 +119,14 @@ def test_tiny_dapo_values():
     assert (t.lr, t.lr_warmup_steps, t.lr_scheduler, t.weight_decay, t.grad_clip) == (1e-4, 4, "constant", 0.0, 1.0)
     assert (t.total_steps, t.save_freq, t.test_freq, t.max_ckpt_to_keep) == (16, 8, 8, 2)
     b = cfg.base_model  # the run-on warm start (docs/results/learning.md)
-    assert (b.steps, b.batch_size, b.target_greedy_acc, b.run_on_frac, b.run_on_style) == (
+    assert (b.steps, b.batch_size, b.target_greedy_acc, b.demos.run_on_frac, b.demos.run_on_style) == (
         1200,
         56,
         None,
         0.6,
         "answer_only",
     )
-    assert (b.shortcut_frac, b.num_demos, b.scarce_from_ops) == (0.0, None, None)
+    assert (b.demos.shortcut_frac, b.demos.num_demos, b.demos.scarce_from_ops) == (0.0, None, None)
     assert (r.val_n, r.val_top_p) == (8, 1.0)
     assert (a.dynamic_sampling.enable, a.dynamic_sampling.max_num_gen_batches) == (True, 10)
     assert d.train_files[0].startswith("outputs/curated/") and d.val_files[0].startswith("outputs/curated/")

@@ -39,7 +39,7 @@ def test_route_logs_keeps_warnings_on_screen_and_sends_the_chatter_to_the_file(t
         logging.getLogger("prefect.task_runs").info("Finished in state Completed()", extra=NO_API)
         logging.getLogger("prefect.flow_runs").info("Beginning subflow run 'x'", extra=NO_API)
         logging.getLogger("mlflow.system_metrics.system_metrics_monitor").info("Started monitoring system metrics.")
-        logging.getLogger("dapo_core.engines.sft").info("sft step 10: loss 1.23")
+        logging.getLogger("dapo_core.warmstart.sft").info("sft step 10: loss 1.23")
         logging.getLogger("prefect.flow_runs").warning("dvc not found: outputs not recorded", extra=NO_API)
         logging.getLogger("dapo_core.training").error("reward worker died")
         logging.getLogger("mlflow.tracking").warning("artifact upload slow")

@@ -7,34 +7,41 @@ import itertools
 import pytest
 import torch
 
-from dapo_core.config import load_config
-from dapo_core.engines.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
-from dapo_core.engines.sft_control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
+from dapo_core.config import BaseModelStageConfig, ConfigError, DemosConfig, load_config
 from dapo_core.evaluation.metrics import stop_class
+from dapo_core.warmstart.control import clean_settings, continue_warm_start, control_lr, warm_start_exclusions
+from dapo_core.warmstart.sft import WarmStartConfig, demonstration_set, run_warm_start, sft_batches
 
 
 def _questions(batches, n_batches):
     return [p for batch in itertools.islice(batches, n_batches) for p in batch]
 
 
+def demos_config(**knobs) -> DemosConfig:
+    """``base_model.demos`` of tiny-dapo with these knobs set on the command line (`--set base_model.demos.K=V`)."""
+    return load_config(
+        recipe="tiny-dapo", overrides=[f"base_model.demos.{k}={v}" for k, v in knobs.items()]
+    ).base_model.demos
+
+
 def test_fixed_demonstration_set_is_cycled_in_new_orders():
-    seen = _questions(sft_batches(10, seed=3, num_demos=20), 6)  # 60 problems = 3 epochs of 20
+    seen = _questions(sft_batches(10, DemosConfig(num_demos=20), seed=3), 6)  # 60 problems = 3 epochs of 20
     epochs = [seen[i : i + 20] for i in range(0, 60, 20)]
-    assert {p.question for p in epochs[0]} == {p.question for p in demonstration_set(20, seed=3)}
+    assert {p.question for p in epochs[0]} == {p.question for p in demonstration_set(20, seed=3, min_ops=1, max_ops=4)}
     assert all({p.question for p in e} == {p.question for p in epochs[0]} for e in epochs)
     assert [p.question for p in epochs[0]] != [p.question for p in epochs[1]]  # reshuffled each epoch
 
 
 def test_fixed_demonstration_set_honours_exclusions():
-    first = demonstration_set(30, seed=3)
+    first = demonstration_set(30, seed=3, min_ops=1, max_ops=4)
     banned = [first[0].question, first[5].question]
-    again = demonstration_set(30, seed=3, exclude=banned)
+    again = demonstration_set(30, seed=3, min_ops=1, max_ops=4, exclude=banned)
     assert not {q for q in banned} & {p.question for p in again}
     assert len({p.question for p in again}) == 30
 
 
 def test_scarce_part_repeats_a_fixed_pool_and_keeps_the_mix():
-    stream = _questions(sft_batches(50, seed=4, scarce_from_ops=4, scarce_demos=7), 40)  # 2,000 problems
+    stream = _questions(sft_batches(50, DemosConfig(scarce_from_ops=4, scarce_demos=7), seed=4), 40)  # 2,000 problems
     hard = [p for p in stream if p.num_ops >= 4]
     assert len({p.question for p in hard}) == 7  # only the 7 worked solutions of 4-operation problems
     assert 0.2 < len(hard) / len(stream) < 0.3  # seen as often as each other operation count (uniform 1-4)
@@ -43,17 +50,42 @@ def test_scarce_part_repeats_a_fixed_pool_and_keeps_the_mix():
 
 
 def test_scarce_settings_are_checked():
-    with pytest.raises(ValueError, match=r"scarce_from_ops \(5\) must be <= max_ops \(4\)"):
-        next(sft_batches(4, seed=1, scarce_from_ops=5, scarce_demos=3))
-    with pytest.raises(ValueError, match=r"scarce_demos \(0\) must be >= 1"):
-        next(sft_batches(4, seed=1, scarce_from_ops=4, scarce_demos=0))
-    with pytest.raises(ValueError, match=r"num_demos \(0\) must be >= 1"):
-        next(sft_batches(4, seed=1, num_demos=0))
+    with pytest.raises(ConfigError, match=r"base_model.demos.scarce_from_ops \(5\) must be <= max_ops \(4\)"):
+        demos_config(scarce_from_ops=5, scarce_demos=3)
+    with pytest.raises(ConfigError, match=r"base_model.demos.scarce_demos \(0\) must be >= 1"):
+        demos_config(scarce_from_ops=4, scarce_demos=0)
+    with pytest.raises(ConfigError, match=r"base_model.demos.num_demos \(0\) must be >= 1"):
+        demos_config(num_demos=0)
+    with pytest.raises(ConfigError, match=r"base_model.demos.min_ops \(3\) must be <= max_ops \(2\)"):
+        demos_config(min_ops=3, max_ops=2)
+    with pytest.raises(ValueError, match=r"scarce_from_ops \(5\) must be <= max_ops \(4\)"):  # built in Python too
+        DemosConfig(scarce_from_ops=5, scarce_demos=3)
 
 
 def test_config_carries_the_demonstration_knobs():
-    cfg = load_config(recipe="tiny-dapo", overrides=["base_model.scarce_from_ops=3", "base_model.scarce_demos=9"])
-    assert (cfg.base_model.scarce_from_ops, cfg.base_model.scarce_demos) == (3, 9)
+    demos = demos_config(scarce_from_ops=3, scarce_demos=9)
+    assert (demos.scarce_from_ops, demos.scarce_demos) == (3, 9)
+
+
+@pytest.mark.parametrize("knob", ["min_ops", "max_ops", "num_demos", "scarce_from_ops", "scarce_demos", "shortcut_frac",
+                                  "shortcut_style", "run_on_frac", "run_on_style", "check_frac"])  # fmt: skip
+def test_an_old_flat_demonstration_key_names_its_new_place(knob, tmp_path):
+    """base_model.<knob> moved to base_model.demos.<knob> (issue 44): given the old way, on the command line or in
+    YAML, it is an error that names the new key, never a setting silently ignored."""
+    from flows.base_model import warm_start_settings
+
+    new = f"base_model.demos.{knob}"
+    with pytest.raises(ConfigError, match=rf"^base_model.{knob} moved to {new}: use --set {new}=VALUE"):
+        load_config(recipe="tiny-dapo", overrides=[f"base_model.{knob}=1"])
+    old_yaml = tmp_path / "old.yaml"
+    old_yaml.write_text(f"inherit: tiny-dapo\nbase_model:\n  steps: 5\n  {knob}: 1\n")
+    with pytest.raises(
+        ConfigError,
+        match=rf"old.yaml: base_model.{knob} moved to {new}: .*put `{knob}:` under `demos:` in `base_model:`",
+    ):
+        load_config(old_yaml)
+    with pytest.raises(ConfigError, match=rf"^base_model.{knob} moved to {new}"):  # a stage knob: the same message
+        warm_start_settings(load_config(recipe="tiny-dapo"), **{knob: 1})
 
 
 def test_control_trains_on_from_the_base_model(tmp_path):
@@ -64,9 +96,10 @@ def test_control_trains_on_from_the_base_model(tmp_path):
         recipe="tiny-dapo",
         overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
     )
-    ws = WarmStartConfig(
-        steps=3, batch_size=8, micro_batch_size=8, heldout_size=2, heldout_k=1, scarce_from_ops=4, scarce_demos=2
-    )
+    ws = WarmStartConfig.from_config(
+        BaseModelStageConfig(), seed=42, max_new_tokens=64, steps=3, batch_size=8, micro_batch_size=8,
+        heldout_size=2, heldout_k=1, demos={"scarce_from_ops": 4, "scarce_demos": 2},
+    )  # fmt: skip
     base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
     assert base.output_dir is not None
     result = continue_warm_start(cfg, ws, base.output_dir, max_steps=2, output_dir=tmp_path / "control")
@@ -101,15 +134,16 @@ def test_control_trains_on_from_the_base_model(tmp_path):
 def test_clean_control_trains_on_demonstrations_that_stop_at_their_answer_line(tmp_path, monkeypatch):
     """sft-control keeps the warm start's habits (run-ons, shortcuts); sft-control-clean (clean=True) sees none of
     them, at its own lr; both see the same problems' worked solutions otherwise."""
-    import dapo_core.engines.sft_control as control_mod
+    import dapo_core.warmstart.control as control_mod
 
     cfg = load_config(
         recipe="tiny-dapo",
         overrides=["model.tiny.hidden_size=32", "model.tiny.num_hidden_layers=1", "model.tiny.intermediate_size=64"],
     )
-    ws = WarmStartConfig(
-        steps=2, batch_size=16, micro_batch_size=16, heldout_size=2, heldout_k=1, run_on_frac=0.6,
-        run_on_style="answer_only", shortcut_frac=0.3,
+    ws = WarmStartConfig.from_config(
+        BaseModelStageConfig(), seed=42, max_new_tokens=64, steps=2, batch_size=16, micro_batch_size=16,
+        heldout_size=2, heldout_k=1,
+        demos={"run_on_frac": 0.6, "run_on_style": "answer_only", "shortcut_frac": 0.3},
     )  # fmt: skip
     base = run_warm_start(cfg, ws, output_dir=tmp_path / "base")
     seen: list[str] = []
@@ -126,29 +160,32 @@ def test_clean_control_trains_on_demonstrations_that_stop_at_their_answer_line(t
     assert habit == {"stopped", "run_on"} and habit_shortcuts > 0 and habit_lr == pytest.approx(control_lr(ws))
     clean, clean_shortcuts, clean_lr = classes(clean=True, lr=3e-4)
     assert clean == {"stopped"} and clean_shortcuts == 0 and clean_lr == 3e-4
-    assert clean_settings(ws).run_on_frac == 0.0 and clean_settings(ws).scarce_from_ops == ws.scarce_from_ops
+    clean_demos = clean_settings(ws).demos
+    assert (clean_demos.run_on_frac, clean_demos.shortcut_frac) == (0.0, 0.0)
+    assert clean_demos.run_on_style == ws.demos.run_on_style and clean_demos.scarce_from_ops == ws.demos.scarce_from_ops
+    assert clean_settings(ws).model_dump(exclude={"demos"}) == ws.model_dump(exclude={"demos"})
     with pytest.raises(ValueError, match=r"lr \(0\.0\) must be > 0"):
         continue_warm_start(cfg, ws, base.output_dir, max_steps=1, lr=0.0)
 
 
 def test_shortcut_share_of_demonstrations_shows_only_the_answer_line():
-    stream = _questions(sft_batches(50, seed=6, shortcut_frac=0.5), 40)  # 2,000 problems
+    stream = _questions(sft_batches(50, DemosConfig(shortcut_frac=0.5), seed=6), 40)  # 2,000 problems
     bare = [p for p in stream if "\n" not in p.solution]
     assert 0.45 < len(bare) / len(stream) < 0.55
     assert all(p.solution == f"Answer: {p.answer}" for p in bare)
     worked = [p for p in stream if "\n" in p.solution]
     assert all(len(p.solution.splitlines()) == p.num_ops + 1 for p in worked)
     # same seed, same stream: the warm start and its supervised control see the same demonstrations
-    assert [p.solution for p in _questions(sft_batches(50, seed=6, shortcut_frac=0.5), 40)] == [
+    assert [p.solution for p in _questions(sft_batches(50, DemosConfig(shortcut_frac=0.5), seed=6), 40)] == [
         p.solution for p in stream
     ]
-    with pytest.raises(ValueError, match=r"shortcut_frac \(1.0\) must be in \[0, 1\)"):
-        next(sft_batches(4, seed=1, shortcut_frac=1.0))
+    with pytest.raises(ConfigError, match=r"base_model.demos.shortcut_frac \(1.0\) must be in \[0, 1\)"):
+        demos_config(shortcut_frac=1.0)
 
 
 def test_answer_first_shortcuts_state_the_answer_then_the_same_work():
-    plain = _questions(sft_batches(50, seed=6), 20)
-    mixed = _questions(sft_batches(50, seed=6, shortcut_frac=0.5, shortcut_style="answer_first"), 20)
+    plain = _questions(sft_batches(50, DemosConfig(), seed=6), 20)
+    mixed = _questions(sft_batches(50, DemosConfig(shortcut_frac=0.5, shortcut_style="answer_first"), seed=6), 20)
     assert [p.question for p in mixed] == [p.question for p in plain]  # same problems, only the order of lines
     flipped = [(m, p) for m, p in zip(mixed, plain, strict=True) if m.solution != p.solution]
     assert 0.4 < len(flipped) / len(mixed) < 0.6
@@ -156,15 +193,17 @@ def test_answer_first_shortcuts_state_the_answer_then_the_same_work():
         *work, answer = p.solution.splitlines()
         assert m.solution.splitlines() == [answer, *work]  # the answer line first, then every worked line
         assert answer == f"Answer: {p.answer}"
-    with pytest.raises(ValueError, match="unknown shortcut_style 'later'"):
-        next(sft_batches(4, seed=1, shortcut_frac=0.5, shortcut_style="later"))
+    with pytest.raises(
+        ConfigError, match=r"base_model.demos.shortcut_style \('later'\) must be one of .*'answer_first'"
+    ):
+        demos_config(shortcut_frac=0.5, shortcut_style="later")
 
 
 def test_run_on_demonstrations_go_on_to_the_next_problem_and_score_wrong():
     from dapo_core.rewards import math_dapo_score
 
-    plain = _questions(sft_batches(50, seed=6), 30)
-    mixed = _questions(sft_batches(50, seed=6, run_on_frac=0.4), 20)
+    plain = _questions(sft_batches(50, DemosConfig(), seed=6), 30)
+    mixed = _questions(sft_batches(50, DemosConfig(run_on_frac=0.4), seed=6), 20)
     run_ons = [p for p in mixed if "\nQ: " in p.solution]
     # a share r = 0.4 of the demonstrations run on (each uses up the problem it goes on to)
     assert 0.3 < len(run_ons) / len(mixed) < 0.5
@@ -180,15 +219,15 @@ def test_run_on_demonstrations_go_on_to_the_next_problem_and_score_wrong():
             # the scorer reads the last answer line: the next problem's, so a run-on is wrong on its own problem
             assert math_dapo_score(p.solution, str(nxt.answer))["acc"] is True
             assert (math_dapo_score(p.solution, str(p.answer))["acc"] is True) == (p.answer == nxt.answer)
-    with pytest.raises(ValueError, match=r"run_on_frac \(1.5\) must be in \[0, 1\)"):
-        next(sft_batches(4, seed=1, run_on_frac=1.5))
+    with pytest.raises(ConfigError, match=r"base_model.demos.run_on_frac \(1.5\) must be in \[0, 1\)"):
+        demos_config(run_on_frac=1.5)
 
 
 def test_short_run_ons_give_the_next_question_and_its_answer_line_only():
     from dapo_core.rewards import math_dapo_score
 
-    plain = iter(_questions(sft_batches(50, seed=6), 40))
-    mixed = _questions(sft_batches(50, seed=6, run_on_frac=0.6, run_on_style="answer_only"), 20)
+    plain = iter(_questions(sft_batches(50, DemosConfig(), seed=6), 40))
+    mixed = _questions(sft_batches(50, DemosConfig(run_on_frac=0.6, run_on_style="answer_only"), seed=6), 20)
     short = 0
     for p in mixed:
         own = next(plain)
@@ -199,15 +238,15 @@ def test_short_run_ons_give_the_next_question_and_its_answer_line_only():
             assert (math_dapo_score(p.solution, str(p.answer))["acc"] is True) == (p.answer == nxt.answer)
             short += 1
     assert 0.55 < short / len(mixed) < 0.65  # a share r = 0.6 of the demonstrations run on
-    with pytest.raises(ValueError, match="unknown run_on_style 'tail'"):
-        next(sft_batches(4, seed=1, run_on_frac=0.5, run_on_style="tail"))
+    with pytest.raises(ConfigError, match=r"base_model.demos.run_on_style \('tail'\) must be one of .*'answer_only'"):
+        demos_config(run_on_frac=0.5, run_on_style="tail")
 
 
 def test_default_soft_overlong_window_starts_above_every_correct_answer():
     """Eq. 13 must punish only overlong work: on the tiny task no correct answer may reach the penalty window."""
     from dapo_core.data.synthetic import generate_problems
-    from dapo_core.engines.sft import response_ids
     from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+    from dapo_core.warmstart.sft import response_ids
 
     cfg = load_config(recipe="tiny-dapo")
     tok = build_char_tokenizer(DEFAULT_ALPHABET)
@@ -217,16 +256,16 @@ def test_default_soft_overlong_window_starts_above_every_correct_answer():
 
 
 def test_check_demonstrations_check_every_worked_line_and_keep_the_answer():
-    from dapo_core.engines.sft_data import check_demo, check_line
     from dapo_core.rewards import math_dapo_score
+    from dapo_core.warmstart.demos import check_demo, check_line
 
     assert check_line("57*6=342") == "check 6*57=342"
     assert check_line("-184-43=-227") == "check -227+43=-184"
     assert check_line("-58+11=-47") == "check -47-11=-58"
     with pytest.raises(ValueError, match="not a worked step line 'Answer: 3'"):
         check_line("Answer: 3")
-    plain = _questions(sft_batches(50, seed=6), 20)
-    mixed = _questions(sft_batches(50, seed=6, check_frac=0.4), 20)
+    plain = _questions(sft_batches(50, DemosConfig(), seed=6), 20)
+    mixed = _questions(sft_batches(50, DemosConfig(check_frac=0.4), seed=6), 20)
     checked = 0
     for own, p in zip(plain, mixed, strict=True):  # the same problems in the same order: no problem is used up
         assert p.question == own.question
@@ -244,16 +283,16 @@ def test_check_demonstrations_check_every_worked_line_and_keep_the_answer():
             assert eval(lhs) == int(rhs), check  # the line holds digits and + - * only
         assert math_dapo_score(p.solution, str(p.answer))["acc"] is True
     assert 0.3 < checked / len(mixed) < 0.5  # a share c = 0.4 of the demonstrations check
-    with pytest.raises(ValueError, match=r"check_frac \(1.0\) must be in \[0, 1\)"):
-        next(sft_batches(4, seed=1, check_frac=1.0))
+    with pytest.raises(ConfigError, match=r"base_model.demos.check_frac \(1.0\) must be in \[0, 1\)"):
+        demos_config(check_frac=1.0)
 
 
 def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
     """With checks the length is the policy's choice: hard problems then hit max_response_length (80)."""
     from dapo_core.data.synthetic import generate_problems
-    from dapo_core.engines.sft import response_ids
-    from dapo_core.engines.sft_data import check_demo
     from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+    from dapo_core.warmstart.demos import check_demo
+    from dapo_core.warmstart.sft import response_ids
 
     tok = build_char_tokenizer(DEFAULT_ALPHABET)
     limit = load_config(recipe="tiny-dapo").data.max_response_length
@@ -266,10 +305,10 @@ def test_checked_answers_of_hard_problems_pass_the_default_length_limit():
 
 def test_check_frac_enters_the_warm_start_stamp_only_when_set():
     """At its default the stamp is the one base models were built under before the knob existed (no rebuild)."""
-    from dataclasses import replace
+    from flows.base_model import warm_start_settings
 
-    from dapo_core.engines.sft import warm_start_config_from
-
-    ws = warm_start_config_from(load_config(recipe="tiny-dapo"))
+    cfg = load_config(recipe="tiny-dapo")
+    ws = warm_start_settings(cfg)
     assert "check_frac" not in ws.stamp() and "run_on_frac" in ws.stamp()
-    assert replace(ws, check_frac=0.5).stamp() == {**ws.stamp(), "check_frac": 0.5}
+    checks = load_config(recipe="tiny-dapo", overrides=["base_model.demos.check_frac=0.5"])
+    assert warm_start_settings(checks).stamp() == {**ws.stamp(), "check_frac": 0.5}

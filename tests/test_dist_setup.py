@@ -110,13 +110,13 @@ def test_a_rank_passes_its_timeout_to_init_process_group(monkeypatch):
 # ---------------------------------------------------------------------------------------- 2 real gloo ranks
 def _rank_main(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
-    from _tiny import tiny_model
+    from _tiny import optim_config, tiny_model
 
     import dapo_core.engines.checkpoint as checkpoint
     import dapo_core.engines.models as models
     from dapo_core.distributed.trainer_group import TrainerRank
     from dapo_core.engines.fsdp import FsdpSettings, apply_fsdp2, export_hf_dir, save_fsdp_checkpoint
-    from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+    from dapo_core.engines.trainer import PolicyTrainer
 
     torch.set_num_threads(1)
     out: dict[str, Any] = {}
@@ -137,7 +137,7 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     try:
         out["backend"] = trainer_rank.init_process_group("127.0.0.1", port, COLLECTIVE_TIMEOUT_S)
         model = apply_fsdp2(tiny_model(seed=1), FsdpSettings("float32", "float32"))
-        trainer = PolicyTrainer(model, OptimConfig(lr=1e-3), micro_batch_size=2)
+        trainer = PolicyTrainer(model, optim_config(lr=1e-3), micro_batch_size=2)
         t0 = time.perf_counter()
         export_hf_dir(model, None, Path(out_dir) / "export")
         out["export_s"] = time.perf_counter() - t0

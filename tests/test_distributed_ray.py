@@ -12,7 +12,7 @@ import time
 import pytest
 import ray
 import torch
-from _tiny import random_batch, tiny_model_dir
+from _tiny import plain_sampling, random_batch, tiny_model_dir
 from conftest_distributed import (
     assert_same_step,
     dapo_step,
@@ -27,7 +27,6 @@ from dapo_core.distributed.faults import ManagedActor
 from dapo_core.distributed.rollout_group import RolloutGroup, RolloutSleepError
 from dapo_core.engines.executor import LocalExecutor, sampling_from
 from dapo_core.engines.models import load_model
-from dapo_core.engines.rollout import SamplingConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # a Ray hang fails the test, not CI
 
@@ -123,7 +122,7 @@ def test_a_generation_submitted_before_an_update_runs_while_the_update_does(pair
     batch = random_batch(0)
     batch.old_log_probs, _ = ex.compute_log_probs(batch)
     prompts = [ex.tokenizer.encode(f"Q: {a}+{b}\n") for a in range(16) for b in range(8)]
-    pending = ex.submit_generate(prompts, SamplingConfig(n=8, max_new_tokens=200, seed=7))  # ~1 s of decoding
+    pending = ex.submit_generate(prompts, plain_sampling(n=8, max_new_tokens=200, seed=7))  # ~1 s of decoding
     ex.update(batch)
     assert len(pending.result()) == 128 * 8
     spans = ex.phase_spans()

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from _tiny import random_batch, tiny_model
+from _tiny import loss_config, optim_config, plain_sampling, random_batch, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,9 +17,9 @@ from dapo_core.distributed import RayConnectionError, RayOptions, connect, plan_
 from dapo_core.distributed.sharding import shard_for_update, shard_rows, split_evenly
 from dapo_core.engines.batch import split_by_groups
 from dapo_core.engines.models import build_tiny_qwen2
-from dapo_core.engines.rollout import HFRolloutBackend, SamplingConfig
+from dapo_core.engines.rollout import HFRolloutBackend
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer, short_mini_batch_scales
+from dapo_core.engines.trainer import PolicyTrainer, short_mini_batch_scales
 
 
 @given(n=st.integers(0, 60), parts=st.integers(1, 9))
@@ -68,15 +68,15 @@ def test_single_rank_update_on_its_shard_is_bit_identical_to_the_plain_update():
     batch = _tagged(3, groups=5, g=3)
     batch.extras.clear()
     models = [tiny_model(seed=1), tiny_model(seed=1)]
-    trainers = [PolicyTrainer(m, OptimConfig(lr=1e-2), micro_batch_size=4) for m in models]
+    trainers = [PolicyTrainer(m, optim_config(lr=1e-2), micro_batch_size=4) for m in models]
     batch.old_log_probs, _ = trainers[0].compute_log_probs(batch)
-    plain = trainers[0].update(batch, LossConfig(), ppo_epochs=2, mini_batch_groups=2)
+    plain = trainers[0].update(batch, loss_config(), ppo_epochs=2, mini_batch_groups=2)
     (shard,) = shard_for_update(batch, 2, world=1)
     # the shard relabels each mini-batch as one group: the short last mini-batch's lr scale (1 of 2 groups)
     # comes from the whole batch, as TrainerGroup.update passes it
     scales = short_mini_batch_scales(batch, 2)
     assert scales == [1.0, 1.0, 0.5]
-    sharded = trainers[1].update(shard, LossConfig(), ppo_epochs=2, mini_batch_groups=1, mini_batch_scales=scales)
+    sharded = trainers[1].update(shard, loss_config(), ppo_epochs=2, mini_batch_groups=1, mini_batch_scales=scales)
     assert plain == sharded
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(p, q)
@@ -162,7 +162,7 @@ def test_hf_shards_generated_with_their_offsets_equal_one_whole_call():
     model = build_tiny_qwen2(tok, hidden_size=32, num_hidden_layers=2, intermediate_size=64, seed=0)
     backend = HFRolloutBackend(model, tok, micro_batch_size=5)
     prompts = [tok.encode(t) for t in ["Q: 1+2", "Q: 71-57*6", "Q: 3", "Q: 9*9-1", "Q: 5-5"]]
-    sampling = SamplingConfig(n=3, max_new_tokens=10, seed=11, return_log_probs=True)
+    sampling = plain_sampling(n=3, max_new_tokens=10, seed=11, return_log_probs=True)
     whole = backend.generate(prompts, sampling)
     parts = [backend.generate(prompts[a:b], sampling, prompt_index_offset=a) for a, b in split_evenly(5, 2)]
     joined = [r for part in parts for r in part]

@@ -7,6 +7,7 @@ from fractions import Fraction
 from math import comb
 
 import pytest
+from _tiny import plain_sampling
 from conftest_data import aime_path
 
 from dapo_core.algorithm.metric_names import val_metric
@@ -104,7 +105,7 @@ def test_scripted_rollouts_give_exact_metrics(aime):
     by_prompt = {tuple(encode_prompt(tok, r.prompt)[0]): r for r in unique}
     assert len(by_prompt) == 30
     ex = ScriptedExecutor(by_prompt)
-    sampling = SamplingConfig(n=99, temperature=1.0, top_p=0.7, max_new_tokens=MAX_NEW, seed=0)
+    sampling = plain_sampling(n=99, temperature=1.0, top_p=0.7, max_new_tokens=MAX_NEW, seed=0)
     report = evaluate(ex, aime, k=K, sampling=sampling, seed=1234, ks=[1, 2, 8])
 
     # one generate call with the 30 unique prompts x k samples (not 960 x k), at the given seed and top_p
@@ -151,7 +152,7 @@ def test_reward_fn_override_and_prompt_ids(aime):
     by_prompt = {tuple(i): r for i, r in zip(ids, records, strict=True)}
     ex = ScriptedExecutor(by_prompt)
     ex.score = None  # must not be called
-    sampling = SamplingConfig(max_new_tokens=MAX_NEW)
+    sampling = plain_sampling(max_new_tokens=MAX_NEW)
     report = evaluate(ex, records, k=2, sampling=sampling, reward_fn="math_dapo", seed=0, prompt_ids=ids)
     assert len(report.problems) == len(dedupe_problems(records))
 
@@ -170,4 +171,4 @@ def test_conflicting_duplicates_and_empty_input_are_errors():
     with pytest.raises(ValueError, match="another ground truth"):
         dedupe_problems([a, b])
     with pytest.raises(ValueError, match="records is empty"):
-        evaluate(ScriptedExecutor({}), [], k=2, sampling=SamplingConfig(), seed=0)
+        evaluate(ScriptedExecutor({}), [], k=2, sampling=plain_sampling(), seed=0)

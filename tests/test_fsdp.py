@@ -16,19 +16,19 @@ import pytest
 import ray
 import torch
 import torch.multiprocessing as mp
-from _tiny import random_batch, tiny_model, tiny_model_dir
+from _tiny import loss_config, optim_config, random_batch, tiny_model, tiny_model_dir
 from transformers import AutoModelForCausalLM
 
 from dapo_core.distributed.sharding import shard_for_update
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import COMPLETE_MARKER, ShardedSave, save_checkpoint, shards_dir
 from dapo_core.engines.fsdp import FsdpSettings, apply_fsdp2, decoder_layers
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+from dapo_core.engines.trainer import PolicyTrainer
 
-OPTIM = OptimConfig(lr=1e-3, weight_decay=0.1, grad_clip=1.0)  # Adam amplifies float-order noise ~ lr
+OPTIM = optim_config(lr=1e-3, weight_decay=0.1, grad_clip=1.0)  # Adam amplifies float-order noise ~ lr
 # grad norms here are ~1 (OPTIM's clip barely binds); this clip scales every gradient by ~1/20
-OPTIM_CLIP = OptimConfig(lr=1e-3, weight_decay=0.1, grad_clip=0.05)
-LOSS = LossConfig(clip_c=10.0)  # DAPO: clip-higher 0.2 / 0.28, dual clip, token-mean
+OPTIM_CLIP = optim_config(lr=1e-3, weight_decay=0.1, grad_clip=0.05)
+LOSS = loss_config(clip_c=10.0)  # DAPO: clip-higher 0.2 / 0.28, dual clip, token-mean
 MICRO = 2
 WORLD = 2
 F32 = FsdpSettings(param_dtype="float32", reduce_dtype="float32")

@@ -138,7 +138,9 @@ def test_registered_ppo_clip_is_bit_identical_to_the_clipped_surrogate(seed: int
     per_token, want_loss, want = _ppo_clip_reference(new, old, adv, mask, lo, hi, clip_c)
     assert want["pg_clipfrac_high"] > 0 and want["pg_clipfrac_low"] > 0  # clipping active on both sides
     assert clip_c is None or want["pg_clipfrac_dual"] > 0
-    loss, metrics = policy_loss(new, old, adv, mask, mode="ppo-clip", clip_low=lo, clip_high=hi, clip_c=clip_c)
+    loss, metrics = policy_loss(
+        new, old, adv, mask, mode="ppo-clip", clip_low=lo, clip_high=hi, clip_c=clip_c, loss_agg="token-mean"
+    )
     assert torch.equal(loss, want_loss)
     assert metrics == want
     terms = OBJECTIVES["ppo-clip"](new, old, adv.unsqueeze(-1), mask, clip_low=lo, clip_high=hi, clip_c=clip_c)
@@ -261,9 +263,9 @@ def test_a_gradient_step_raises_positive_and_lowers_negative_advantage_log_probs
 def test_bad_modes_and_bounds_are_refused() -> None:
     new, old, adv, mask = _batch(1)
     with pytest.raises(ValueError, match="unknown policy loss mode 'ppo'"):
-        policy_loss(new, old, adv, mask, mode="ppo")
+        policy_loss(new, old, adv, mask, mode="ppo", clip_low=0.2, clip_high=0.28, loss_agg="token-mean")
     with pytest.raises(ValueError, match="cispo option"):
-        policy_loss(new, old, adv, mask, mode="gspo", clip_low=None, clip_high=4e-4)
+        policy_loss(new, old, adv, mask, mode="gspo", clip_low=None, clip_high=4e-4, loss_agg="seq-mean-token-mean")
 
 
 @pytest.mark.parametrize(
@@ -309,11 +311,11 @@ def _cispo_updates(clip_high: float) -> tuple[list[float], torch.Tensor]:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from _tiny import random_batch, tiny_model
+    from _tiny import optim_config, random_batch, tiny_model
 
-    from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+    from dapo_core.engines.trainer import LossConfig, PolicyTrainer
 
-    trainer = PolicyTrainer(tiny_model(seed=0), OptimConfig(lr=0.02), micro_batch_size=16)
+    trainer = PolicyTrainer(tiny_model(seed=0), optim_config(lr=0.02), micro_batch_size=16)
     batch = random_batch(0, groups=4, g=4)
     batch.old_log_probs, _ = trainer.compute_log_probs(batch)  # pi_old: the weights that sampled the batch
     fractions: list[float] = []
@@ -326,7 +328,10 @@ def _cispo_updates(clip_high: float) -> tuple[list[float], torch.Tensor]:
 
     trainer._update_mini_batch = recording
     trainer.update(
-        batch, LossConfig(mode="cispo", clip_low=None, clip_high=clip_high, loss_agg="token-mean"),
+        batch, LossConfig(
+            mode="cispo", clip_low=None, clip_high=clip_high, clip_c=None, loss_agg="token-mean", norm_length=None,
+            entropy_coef=0.0,
+        ),
         ppo_epochs=2, mini_batch_groups=1,
     )  # fmt: skip
     return fractions, torch.cat([p.detach().flatten() for p in trainer.model.parameters()])

@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from dapo_core.algorithm import GroupAccumulator
-from dapo_core.config import DapoConfig, load_config
+from dapo_core.config import BaseModelStageConfig, DapoConfig, load_config
 from dapo_core.data.schema import ProblemRecord
 from dapo_core.data.synthetic import SyntheticProblem, generate_problems
 from dapo_core.engines.executor import LocalExecutor
-from dapo_core.engines.sft import WarmStartConfig, prompt_ids, run_warm_start
 from dapo_core.seeding import derive_seed
 from dapo_core.training.prompts import PromptItem
 from dapo_core.training.step import build_train_batch, generate_and_score, keep_flags
+from dapo_core.warmstart.sft import WarmStartConfig, prompt_ids, run_warm_start
 
 pytestmark = pytest.mark.slow
 
@@ -40,9 +40,9 @@ BASE_ARCH = [
     "model.tiny.max_position_embeddings=64",
 ]
 # One-operation problems only (responses like "57*6=342\nAnswer: 342", ~21 tokens); no held-out evaluation
-WARM_START = WarmStartConfig(
-    steps=1000, lr=5e-3, warmup_steps=10, batch_size=32, micro_batch_size=32, min_ops=1, max_ops=1,
-    heldout_size=0, max_new_tokens=24, log_every=1000, seed=0,
+WARM_START = WarmStartConfig.from_config(
+    BaseModelStageConfig(), seed=0, max_new_tokens=24, steps=1000, lr=5e-3, warmup_steps=10, batch_size=32,
+    micro_batch_size=32, demos={"min_ops": 1, "max_ops": 1}, heldout_size=0, log_every=1000,
 )  # fmt: skip
 RL_SETTINGS = [
     "trainer.lr=3e-4",  # 3x the recipe's; at 1e-3 one of the four can collapse to 0% correct (then: no signal)

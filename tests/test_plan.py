@@ -19,19 +19,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tiny import optim_config
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from typer.testing import CliRunner
 
 from dapo_core.config import load_config
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.checkpoint import save_checkpoint
-from dapo_core.engines.optim import OptimConfig
-from dapo_core.engines.sft import build_base_model
 from dapo_core.engines.trainer import PolicyTrainer
 from dapo_core.planning import GIB, PUBLIC_CONFIGS, Arch, Hardware, make_plan, param_count, resolve_arch
 from dapo_core.planning.arch import arch_from_hf_config
 from dapo_core.planning.disk import hf_file_bytes
 from dapo_core.planning.trainer_memory import activation_bytes, state_bytes
+from dapo_core.warmstart.sft import build_base_model
 from flows.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_tiny_state_bytes_are_exact(tiny):
     planned = state_bytes(arch, master_dtype="float32", world=1)
     assert param_count(arch) == sum(p.numel() for p in model.parameters())
     assert planned.params == nbytes(model.parameters())
-    trainer = PolicyTrainer(model, OptimConfig(lr=1e-3), micro_batch_size=4)
+    trainer = PolicyTrainer(model, optim_config(lr=1e-3), micro_batch_size=4)
     batch = build_policy_batch([[5, 6, 7]] * 2, [[8, 9], [10, 11]], pad_token_id=0, group_ids=[0, 0])
     trainer.sft_step(batch)  # one real AdamW step
     assert planned.grads == nbytes(p.grad for p in model.parameters())
@@ -145,7 +145,7 @@ def test_activations_within_20_percent_of_measured(shape, dtype, checkpointing):
     def measured(gc: bool) -> tuple[int, int]:
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(qwen2_config(arch)).to(dtype)
-        trainer = PolicyTrainer(model, OptimConfig(lr=1e-3), micro_batch_size=micro, gradient_checkpointing=gc)
+        trainer = PolicyTrainer(model, optim_config(lr=1e-3), micro_batch_size=micro, gradient_checkpointing=gc)
         return _saved_bytes(model, trainer, mb)
 
     total, _ = measured(checkpointing)

@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
+from _tiny import plain_sampling
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
 from dapo_core.engines.models import build_tiny_qwen2
@@ -82,7 +83,7 @@ def naive_log_probs(model, prompt_ids: list[int], response_ids: list[int], tempe
 )
 def test_sampling_config_rejects_bad_values(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
-        SamplingConfig(**kwargs)
+        plain_sampling(**kwargs)
 
 
 def test_registry_returns_hf_and_lists_valid_names() -> None:
@@ -105,7 +106,7 @@ def test_vllm_backend_without_vllm_says_how_to_install() -> None:
 
 def test_results_are_ordered_by_prompt_then_sample_with_consistent_fields(model, tok, prompts) -> None:
     backend = HFRolloutBackend(model, tok)
-    results = backend.generate(prompts, SamplingConfig(n=3, max_new_tokens=12, seed=0))
+    results = backend.generate(prompts, plain_sampling(n=3, max_new_tokens=12, seed=0))
     assert [(r.prompt_index, r.sample_index) for r in results] == [(i, j) for i in range(6) for j in range(3)]
     eos = tok.eos_token_id
     for r in results:
@@ -122,16 +123,16 @@ def test_results_are_ordered_by_prompt_then_sample_with_consistent_fields(model,
 
 def test_same_seed_same_output_other_seed_differs(model, tok, prompts) -> None:
     backend = HFRolloutBackend(model, tok)
-    sampling = SamplingConfig(n=2, max_new_tokens=10, seed=5)
+    sampling = plain_sampling(n=2, max_new_tokens=10, seed=5)
     first = [r.response_ids for r in backend.generate(prompts, sampling)]
     assert first == [r.response_ids for r in backend.generate(prompts, sampling)]
-    other = [r.response_ids for r in backend.generate(prompts, SamplingConfig(n=2, max_new_tokens=10, seed=6))]
+    other = [r.response_ids for r in backend.generate(prompts, plain_sampling(n=2, max_new_tokens=10, seed=6))]
     assert first != other
     assert first[0] != first[1]  # the samples of one prompt differ from each other
 
 
 def test_output_is_independent_of_micro_batch_size_and_other_prompts(model, tok, prompts) -> None:
-    sampling = SamplingConfig(n=2, max_new_tokens=10, seed=3, return_log_probs=True)
+    sampling = plain_sampling(n=2, max_new_tokens=10, seed=3, return_log_probs=True)
     reference = HFRolloutBackend(model, tok, micro_batch_size=64).generate(prompts, sampling)
     for micro in (4,):
         results = HFRolloutBackend(model, tok, micro_batch_size=micro).generate(prompts, sampling)
@@ -148,7 +149,7 @@ def test_gumbel_noise_is_each_rows_stream_in_64_step_chunks_whatever_the_length(
     # reference: per row, full chunks of 64 steps x V uniforms from its own generator, -log(-log(u)) out of place;
     # the sampler draws the call's last chunk short (only the steps it can reach): the same floats must come out
     vocab, seeds = 80, [11, 12, 13]
-    sampling = SamplingConfig(n=1, max_new_tokens=max_new_tokens, seed=0)
+    sampling = plain_sampling(n=1, max_new_tokens=max_new_tokens, seed=0)
     sampler = SeededSampler(seeds, prompt_width=0, sampling=sampling, device=torch.device("cpu"))
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     tiny = torch.finfo(torch.float32).tiny
@@ -163,8 +164,8 @@ def test_gumbel_noise_is_each_rows_stream_in_64_step_chunks_whatever_the_length(
 def test_a_shorter_max_new_tokens_samples_a_prefix_of_the_longer(tok, prompts, decode: str) -> None:
     model = biased_model(tok, {tok.eos_token_id: -30.0})  # constant logits: the tokens are the noise's argmax
     backend = HFRolloutBackend(model, tok, decode=decode)
-    long = backend.generate(prompts, SamplingConfig(n=2, max_new_tokens=130, seed=1, return_log_probs=True))
-    short = backend.generate(prompts, SamplingConfig(n=2, max_new_tokens=66, seed=1, return_log_probs=True))
+    long = backend.generate(prompts, plain_sampling(n=2, max_new_tokens=130, seed=1, return_log_probs=True))
+    short = backend.generate(prompts, plain_sampling(n=2, max_new_tokens=66, seed=1, return_log_probs=True))
     for s, ref in zip(short, long, strict=True):
         assert s.response_length == 66 and ref.response_length == 130
         assert s.response_ids == ref.response_ids[:66]
@@ -173,14 +174,14 @@ def test_a_shorter_max_new_tokens_samples_a_prefix_of_the_longer(tok, prompts, d
 
 def test_small_max_new_tokens_truncates_when_eos_is_unlikely(tok, prompts) -> None:
     model = biased_model(tok, {tok.eos_token_id: -30.0})
-    results = HFRolloutBackend(model, tok).generate(prompts, SamplingConfig(n=2, max_new_tokens=3, seed=0))
+    results = HFRolloutBackend(model, tok).generate(prompts, plain_sampling(n=2, max_new_tokens=3, seed=0))
     assert all(r.truncated and r.finish_reason == FINISH_LENGTH and r.response_length == 3 for r in results)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_forced_eos_stops_immediately(tok, prompts, temperature: float) -> None:
     model = biased_model(tok, {tok.eos_token_id: 30.0})
-    sampling = SamplingConfig(n=2, temperature=temperature, max_new_tokens=5, seed=0)
+    sampling = plain_sampling(n=2, temperature=temperature, max_new_tokens=5, seed=0)
     for r in HFRolloutBackend(model, tok).generate(prompts, sampling):
         assert r.response_ids == [tok.eos_token_id]
         assert (r.truncated, r.finish_reason, r.response_length, r.text) == (False, FINISH_STOP, 1, "")
@@ -189,7 +190,7 @@ def test_forced_eos_stops_immediately(tok, prompts, temperature: float) -> None:
 def test_mixed_stops_exclude_padding(tok, prompts) -> None:
     # P(EOS) ~ 0.25 per step, pad impossible: some rows stop early while others run to the limit
     model = biased_model(tok, {tok.eos_token_id: math.log(26.0), tok.pad_token_id: -30.0})
-    sampling = SamplingConfig(n=4, max_new_tokens=8, seed=1)
+    sampling = plain_sampling(n=4, max_new_tokens=8, seed=1)
     results = HFRolloutBackend(model, tok, micro_batch_size=8).generate(prompts, sampling)
     reasons = Counter(r.finish_reason for r in results)
     assert reasons[FINISH_STOP] > 0 and reasons[FINISH_LENGTH] > 0
@@ -201,7 +202,7 @@ def test_mixed_stops_exclude_padding(tok, prompts) -> None:
 
 
 def test_greedy_follows_the_argmax_of_a_naive_forward(model, tok, prompts) -> None:
-    sampling = SamplingConfig(n=2, temperature=0.0, max_new_tokens=6)
+    sampling = plain_sampling(n=2, temperature=0.0, max_new_tokens=6)
     results = HFRolloutBackend(model, tok).generate(prompts[:3], sampling)
     for r in results[::2]:
         ids = list(r.prompt_ids)
@@ -215,7 +216,7 @@ def test_greedy_follows_the_argmax_of_a_naive_forward(model, tok, prompts) -> No
 def test_log_probs_are_the_sampling_temperatures_log_probs_of_sampled_tokens(model, tok, prompts) -> None:
     # the returned log-probs are log_softmax(logits / T) without top-p truncation: what the trainer recomputes as
     # old_log_probs (it divides by rollout.temperature too), not the raw model's
-    sampling = SamplingConfig(n=2, temperature=0.7, top_p=0.9, max_new_tokens=10, seed=2, return_log_probs=True)
+    sampling = plain_sampling(n=2, temperature=0.7, top_p=0.9, max_new_tokens=10, seed=2, return_log_probs=True)
     results = HFRolloutBackend(model, tok, micro_batch_size=5).generate(prompts, sampling)
     for r in results:
         assert r.log_probs is not None and len(r.log_probs) == r.response_length
@@ -240,7 +241,7 @@ def _token_frequencies(tok, sampling: SamplingConfig) -> tuple[dict[int, float],
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_sampling_frequencies_follow_softmax_at_temperature(tok, temperature: float) -> None:
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=32, seed=0)
+    sampling = plain_sampling(temperature=temperature, max_new_tokens=32, seed=0)
     freqs, (a, b, c) = _token_frequencies(tok, sampling)
     expected = torch.softmax(torch.tensor([2.0, 1.0, 0.0]) / temperature, dim=0).tolist()
     for token, p in zip((a, b, c), expected, strict=True):
@@ -248,15 +249,15 @@ def test_sampling_frequencies_follow_softmax_at_temperature(tok, temperature: fl
 
 
 def test_top_k_and_top_p_truncate_the_distribution(tok) -> None:
-    freqs, (a, b, c) = _token_frequencies(tok, SamplingConfig(top_k=2, max_new_tokens=32, seed=0))
+    freqs, (a, b, c) = _token_frequencies(tok, plain_sampling(top_k=2, max_new_tokens=32, seed=0))
     assert freqs[c] == 0.0
     assert abs(freqs[a] - 0.731) < 0.04  # renormalised over {a, b}: e^2 / (e^2 + e)
-    freqs, _ = _token_frequencies(tok, SamplingConfig(top_k=1, max_new_tokens=8, seed=0))
+    freqs, _ = _token_frequencies(tok, plain_sampling(top_k=1, max_new_tokens=8, seed=0))
     assert freqs[a] == 1.0
     # p = (0.665, 0.245, 0.090): nucleus 0.7 keeps {a, b}, nucleus 0.5 keeps {a}
-    freqs, _ = _token_frequencies(tok, SamplingConfig(top_p=0.7, max_new_tokens=32, seed=0))
+    freqs, _ = _token_frequencies(tok, plain_sampling(top_p=0.7, max_new_tokens=32, seed=0))
     assert freqs[c] == 0.0 and freqs[b] > 0.2
-    freqs, _ = _token_frequencies(tok, SamplingConfig(top_p=0.5, max_new_tokens=8, seed=0))
+    freqs, _ = _token_frequencies(tok, plain_sampling(top_p=0.5, max_new_tokens=8, seed=0))
     assert freqs[a] == 1.0
 
 
@@ -268,7 +269,7 @@ def test_update_weights_loads_in_place_and_tracks_versions(tok, prompts) -> None
     rollout_model = build_tiny_qwen2(tok, seed=2, **TINY)
     backend = HFRolloutBackend(rollout_model, tok)
     assert backend.weight_version == 0
-    sampling = SamplingConfig(max_new_tokens=8, seed=4)
+    sampling = plain_sampling(max_new_tokens=8, seed=4)
     before = [r.response_ids for r in backend.generate(prompts, sampling)]
     state = {k: v for k, v in policy.state_dict().items() if k != "lm_head.weight"}  # tied: may be omitted
     backend.update_weights(state, version=3)
@@ -293,7 +294,7 @@ def test_training_mode_is_restored_and_hooks_are_noops(model, tok, prompts) -> N
     try:
         backend.sleep()
         backend.wake_up()
-        backend.generate(prompts[:1], SamplingConfig(max_new_tokens=2))
+        backend.generate(prompts[:1], plain_sampling(max_new_tokens=2))
         assert model.training
     finally:
         model.eval()
@@ -302,8 +303,8 @@ def test_training_mode_is_restored_and_hooks_are_noops(model, tok, prompts) -> N
 
 def test_empty_inputs(model, tok) -> None:
     backend = HFRolloutBackend(model, tok)
-    assert backend.generate([], SamplingConfig()) == []
+    assert backend.generate([], plain_sampling()) == []
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        backend.generate([[5], []], SamplingConfig())
+        backend.generate([[5], []], plain_sampling())
     with pytest.raises(ValueError, match="micro_batch_size"):
         HFRolloutBackend(model, tok, micro_batch_size=0)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import plain_sampling
 from rollout_fixtures import TEXTS, TINY, eos_prone_model
 from transformers import PreTrainedTokenizerBase
 
 from dapo_core.config import load_config
 from dapo_core.engines.models import build_tiny_qwen2
-from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, SamplingConfig
+from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 
 
@@ -42,7 +43,7 @@ def assert_same(ref: list[RolloutResult], got: list[RolloutResult]) -> None:
         assert torch.allclose(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
 
 
-SAMPLING = SamplingConfig(n=3, max_new_tokens=20, seed=11, return_log_probs=True)
+SAMPLING = plain_sampling(n=3, max_new_tokens=20, seed=11, return_log_probs=True)
 
 
 @pytest.mark.parametrize("decode", ["static", "generate"])

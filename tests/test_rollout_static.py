@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny import plain_sampling
 from rollout_fixtures import TEXTS, TINY, eos_prone_model
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerBase
 
 from dapo_core.config import load_config
 from dapo_core.engines.models import build_tiny_qwen2
-from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, SamplingConfig, static_decode, static_layer
+from dapo_core.engines.rollout import HFRolloutBackend, RolloutResult, static_decode, static_layer
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 
 
@@ -31,7 +32,7 @@ def prompts(tok) -> list[list[int]]:
 def run(model, tok, prompts, decode: str, micro: int = 64, **sampling) -> list[RolloutResult]:
     backend = HFRolloutBackend(model, tok, micro_batch_size=micro, decode=decode)
     kwargs = {"n": 4, "max_new_tokens": 24, "seed": 7, "return_log_probs": True, **sampling}
-    return backend.generate(prompts, SamplingConfig(**kwargs))
+    return backend.generate(prompts, plain_sampling(**kwargs))
 
 
 def assert_parity(ref: list[RolloutResult], got: list[RolloutResult], atol: float = 2e-5) -> None:
@@ -130,7 +131,7 @@ def test_the_default_tiny_model_shape_matches_generate(tok, prompts) -> None:
 def test_weight_updates_are_seen_without_copies(tok, prompts) -> None:
     model = eos_prone_model(tok, seed=4)
     backend = HFRolloutBackend(model, tok, decode="static")
-    sampling = SamplingConfig(n=2, max_new_tokens=16, seed=1, return_log_probs=True)
+    sampling = plain_sampling(n=2, max_new_tokens=16, seed=1, return_log_probs=True)
     before = backend.generate(prompts, sampling)
     other = eos_prone_model(tok, seed=5)
     backend.update_weights(other.state_dict(), version=1)

@@ -25,14 +25,14 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from _tiny import random_batch, tiny_model_dir
+from _tiny import plain_sampling, random_batch, tiny_model_dir
 from hypothesis import given
 from hypothesis import strategies as st
 
 import dapo_core.engines.rollout as rollout_pkg
 from dapo_core.config import load_config
 from dapo_core.engines.models import load_model
-from dapo_core.engines.rollout import FINISH_LENGTH, FINISH_STOP, SamplingConfig, base
+from dapo_core.engines.rollout import FINISH_LENGTH, FINISH_STOP, base
 from dapo_core.engines.rollout.vllm_worker import (
     WORKER_EXTENSION_CLS,
     WeightSyncWorkerExtension,
@@ -413,7 +413,7 @@ def test_sleeping_needs_sleep_mode(stand, model_dir) -> None:
 
 def test_sampling_parameters_map_one_to_one(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
-    sampling = SamplingConfig(
+    sampling = plain_sampling(
         n=3, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=7, seed=11, return_log_probs=True
     )
     params = [backend.sampling_params(sampling, i).kwargs for i in range(4)]
@@ -423,24 +423,24 @@ def test_sampling_parameters_map_one_to_one(stand, model_dir) -> None:
     }  # fmt: skip
     assert len({p["seed"] for p in params}) == 4  # one stream per prompt
     assert all(0 <= p["seed"] < 2**62 for p in params)
-    greedy = backend.sampling_params(SamplingConfig(temperature=0.0, top_k=-1, max_new_tokens=4), 0).kwargs
+    greedy = backend.sampling_params(plain_sampling(temperature=0.0, top_k=-1, max_new_tokens=4), 0).kwargs
     assert greedy["temperature"] == 0.0 and greedy["top_k"] == 0 and greedy["logprobs"] is None
 
 
 def test_two_shards_give_exactly_the_rows_of_one_call(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
-    sampling = SamplingConfig(n=3, max_new_tokens=6, seed=5, return_log_probs=True)
+    sampling = plain_sampling(n=3, max_new_tokens=6, seed=5, return_log_probs=True)
     whole = backend.generate(PROMPTS, sampling)
     shards = backend.generate(PROMPTS[:1], sampling) + backend.generate(PROMPTS[1:], sampling, prompt_index_offset=1)
     assert shards == whole
     assert [(r.prompt_index, r.sample_index) for r in whole] == [(i, j) for i in range(4) for j in range(3)]
-    assert backend.generate(PROMPTS, SamplingConfig(n=3, max_new_tokens=6, seed=6)) != whole  # seed matters
+    assert backend.generate(PROMPTS, plain_sampling(n=3, max_new_tokens=6, seed=6)) != whole  # seed matters
     assert ("generate", 4, False) in stand.llms[0].calls  # use_tqdm=False
 
 
 def test_outputs_become_the_shared_record(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
-    results = backend.generate(PROMPTS, SamplingConfig(n=4, max_new_tokens=5, seed=3, return_log_probs=True))
+    results = backend.generate(PROMPTS, plain_sampling(n=4, max_new_tokens=5, seed=3, return_log_probs=True))
     reasons = {r.finish_reason for r in results}
     assert reasons == {FINISH_STOP, FINISH_LENGTH}  # the canned engine produces both
     for r in results:
@@ -453,16 +453,16 @@ def test_outputs_become_the_shared_record(stand, model_dir) -> None:
             assert EOS not in r.response_ids and r.truncated and r.response_length == 5
         # text: the run's tokenizer decodes the ids, as the hf backend does
         assert r.text == backend.tokenizer.decode(r.response_ids, skip_special_tokens=True)
-    assert all(r.log_probs is None for r in backend.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=5)))
+    assert all(r.log_probs is None for r in backend.generate(PROMPTS, plain_sampling(n=2, max_new_tokens=5)))
     backend.tokenizer = None  # no tokenizer: vLLM's own detokenisation
-    for r in backend.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=5)):
+    for r in backend.generate(PROMPTS, plain_sampling(n=2, max_new_tokens=5)):
         assert r.text == "".join(chr(94 + t) for t in r.response_ids if t != EOS)
 
 
 def test_eos_on_the_last_allowed_token_is_a_stop(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
     stand.llms[0].scripted = [RequestOutput([5, 6, 7], [Completion(0, "ab", [3, 4, EOS], None, "length")])]
-    (r,) = backend.generate([[5, 6, 7]], SamplingConfig(n=1, max_new_tokens=3))
+    (r,) = backend.generate([[5, 6, 7]], plain_sampling(n=1, max_new_tokens=3))
     assert r.finish_reason == FINISH_STOP and not r.truncated and r.response_ids == [3, 4, EOS]
 
 
@@ -479,16 +479,16 @@ def test_malformed_engine_outputs_are_refused(stand, model_dir, completion, matc
     backend, _ = make_backend(stand, model_dir)
     stand.llms[0].scripted = [RequestOutput([5], [completion])]
     with pytest.raises(RuntimeError, match=match):
-        backend.generate([[5]], SamplingConfig(n=1, max_new_tokens=2, return_log_probs=True))
+        backend.generate([[5]], plain_sampling(n=1, max_new_tokens=2, return_log_probs=True))
 
 
 def test_bad_prompts_are_refused_before_the_engine_runs(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
     with pytest.raises(ValueError, match="prompt 1 is empty"):
-        backend.generate([[5], []], SamplingConfig())
+        backend.generate([[5], []], plain_sampling())
     with pytest.raises(ValueError, match="prompt_index_offset"):
-        backend.generate([[5]], SamplingConfig(), prompt_index_offset=-1)
-    assert backend.generate([], SamplingConfig()) == []
+        backend.generate([[5]], plain_sampling(), prompt_index_offset=-1)
+    assert backend.generate([], plain_sampling()) == []
     assert "generate" not in stand.llms[0].names()
 
 
@@ -587,7 +587,7 @@ def test_stale_versions_are_refused_before_anything_is_shipped(stand, model_dir)
 def test_sleep_and_wake_sequencing(stand, model_dir) -> None:
     backend, _ = make_backend(stand, model_dir)
     llm = stand.llms[0]
-    sampling = SamplingConfig(n=1, max_new_tokens=3)
+    sampling = plain_sampling(n=1, max_new_tokens=3)
     backend.sleep()
     backend.sleep()  # idempotent
     assert llm.names().count("sleep") == 1 and llm.calls[-1] == ("sleep", 1) and backend.is_asleep
@@ -619,7 +619,7 @@ def test_shutdown_releases_the_engine(stand, model_dir) -> None:
     backend.shutdown()
     backend.shutdown()
     with pytest.raises(RuntimeError, match="shut down"):
-        backend.generate(PROMPTS, SamplingConfig())
+        backend.generate(PROMPTS, plain_sampling())
 
 
 # ---------------------------------------------------------------------------------------------- executors
@@ -631,7 +631,7 @@ def test_local_executor_sleeps_before_training_and_pushes_weights_on_sync(stand,
     ex = LocalExecutor(make_cfg(model_dir))
     llm = stand.llms[0]
     assert isinstance(ex.rollout, stand.cls) and ex.rollout.weight_version == 0
-    results = ex.generate(PROMPTS, SamplingConfig(n=2, max_new_tokens=4))
+    results = ex.generate(PROMPTS, plain_sampling(n=2, max_new_tokens=4))
     assert len(results) == 8
 
     trained = []
@@ -755,7 +755,7 @@ def test_streamed_buckets_make_one_reload_and_report_bytes_and_seconds(stand, mo
     shipped = [backend.load_weight_bucket([(n, state[n]) for n in part]) for part in parts]
     assert shipped == [sum(state[n].numel() * 2 for n in part) for part in parts]  # cast to bf16 before shipping
     with pytest.raises(RuntimeError, match="weight update to version 4 is in progress"):
-        backend.generate(PROMPTS, SamplingConfig())  # the parameters are being replaced
+        backend.generate(PROMPTS, plain_sampling())  # the parameters are being replaced
     with pytest.raises(ValueError, match="does not match begin_weight_update"):
         backend.finish_weight_update(5)
     stats = backend.finish_weight_update(4)
@@ -765,7 +765,7 @@ def test_streamed_buckets_make_one_reload_and_report_bytes_and_seconds(stand, mo
     assert FakeReload.calls == [("initialize",), ("finalize", [])]  # once per sync, not once per bucket
     for name, value in engine_params(llm).items():
         torch.testing.assert_close(value, state[name].to(torch.bfloat16).float(), rtol=0, atol=0)
-    assert len(backend.generate(PROMPTS, SamplingConfig(max_new_tokens=2))) == 4
+    assert len(backend.generate(PROMPTS, plain_sampling(max_new_tokens=2))) == 4
 
 
 def test_the_stream_is_refused_out_of_order(stand, model_dir) -> None:
@@ -797,7 +797,7 @@ def test_a_stream_that_leaves_parameters_unwritten_fails_and_blocks_generation(s
         backend.finish_weight_update(1)
     assert backend.weight_version == 0 and FakeReload.calls[-1][0] == "finalize"  # finalised: the engine can run
     with pytest.raises(RuntimeError, match=r"failed part-way.*full update_weights"):
-        backend.generate(PROMPTS, SamplingConfig())
+        backend.generate(PROMPTS, plain_sampling())
     # a failure inside a bucket ends the sync too (finalised with force), and a full sync recovers
     backend.begin_weight_update(2)
     with pytest.raises(KeyError):
@@ -805,7 +805,7 @@ def test_a_stream_that_leaves_parameters_unwritten_fails_and_blocks_generation(s
     assert not backend.weight_update_in_progress
     assert ("collective_rpc", "dapo_finish_reload", ()) in stand.llms[0].calls
     backend.update_weights(state, version=2)
-    assert backend.weight_version == 2 and len(backend.generate(PROMPTS, SamplingConfig(max_new_tokens=2))) == 4
+    assert backend.weight_version == 2 and len(backend.generate(PROMPTS, plain_sampling(max_new_tokens=2))) == 4
 
 
 def test_without_the_layerwise_api_each_bucket_goes_through_the_workers_own_reload(stand, model_dir, monkeypatch):

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from _tiny import PAD, random_batch, tiny_model
+from _tiny import PAD, loss_config, optim_config, random_batch, tiny_model
 
 from dapo_core.engines.batch import build_policy_batch, split_by_groups
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer, lr_lambda, short_mini_batch_scales
+from dapo_core.engines.trainer import PolicyTrainer, lr_lambda, short_mini_batch_scales
 
-NO_CLIP = OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1e9)
+NO_CLIP = optim_config(lr=1e-3, weight_decay=0.0, grad_clip=1e9)
 
 
 def test_log_probs_equal_naive_log_softmax_gather():
@@ -64,7 +64,7 @@ def test_update_recomputes_pi_theta_at_the_temperature_of_pi_old():
     for temperature, on_policy in ((2.0, True), (1.0, False)):
         trainer = PolicyTrainer(tiny_model(seed=1), NO_CLIP, micro_batch_size=4, temperature=temperature)
         batch.old_log_probs = PolicyTrainer(tiny_model(seed=1), NO_CLIP, temperature=2.0).compute_log_probs(batch)[0]
-        m = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=100)
+        m = trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=100)
         assert (abs(m["ppo_kl"]) < 1e-6) == on_policy, (temperature, m["ppo_kl"])
         if on_policy:
             assert m["pg_clipfrac"] == 0.0
@@ -100,7 +100,7 @@ def _grads_after_update(batch, micro: int, loss_agg: str, entropy_coef: float = 
         batch.response_mask.shape, generator=torch.Generator().manual_seed(3)
     )
     all_groups = int(batch.group_index.max()) + 1
-    loss_cfg = LossConfig(clip_c=10.0, loss_agg=loss_agg, entropy_coef=entropy_coef)
+    loss_cfg = loss_config(clip_c=10.0, loss_agg=loss_agg, entropy_coef=entropy_coef)
     metrics = trainer.update(batch, loss_cfg, ppo_epochs=1, mini_batch_groups=all_groups)
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -121,10 +121,10 @@ def test_mini_batch_gradient_is_independent_of_micro_batch_split(loss_agg, entro
 
 def test_update_counts_mini_batches_and_reports_clipping():
     model = tiny_model(seed=2)
-    trainer = PolicyTrainer(model, OptimConfig(lr=5e-2, weight_decay=0.0), micro_batch_size=4)
+    trainer = PolicyTrainer(model, optim_config(lr=5e-2, weight_decay=0.0), micro_batch_size=4)
     batch = random_batch(11, groups=4, g=3)
     batch.old_log_probs = trainer.compute_log_probs(batch)[0]
-    metrics = trainer.update(batch, LossConfig(clip_low=0.2, clip_high=0.28), ppo_epochs=2, mini_batch_groups=1)
+    metrics = trainer.update(batch, loss_config(clip_low=0.2, clip_high=0.28), ppo_epochs=2, mini_batch_groups=1)
     assert metrics["num_updates"] == 8.0  # 2 epochs x 4 mini-batches of one group
     assert trainer.global_step == 1
     # with a large lr, later mini-batches are off-policy: something must clip
@@ -149,12 +149,12 @@ def _record_step_lrs(trainer: PolicyTrainer) -> list[float]:
 
 def test_short_last_mini_batch_steps_at_a_scaled_lr_that_is_then_restored():
     # 3 groups in mini-batches of 2 = 1.5 mini-batches: the second step holds half the groups -> lr x 0.5
-    optim = OptimConfig(lr=1e-2, weight_decay=0.0, grad_clip=1e9, warmup_steps=4)  # scheduler lr 0.25x, 0.5x, ..
+    optim = optim_config(lr=1e-2, weight_decay=0.0, grad_clip=1e9, warmup_steps=4)  # scheduler lr 0.25x, 0.5x, ..
     trainer = PolicyTrainer(tiny_model(seed=2), optim, micro_batch_size=4)
     batch = random_batch(11, groups=3, g=2)
     batch.old_log_probs = trainer.compute_log_probs(batch)[0]
     seen = _record_step_lrs(trainer)
-    metrics = trainer.update(batch, LossConfig(), ppo_epochs=2, mini_batch_groups=2)
+    metrics = trainer.update(batch, loss_config(), ppo_epochs=2, mini_batch_groups=2)
     base = 1e-2 * 0.25
     assert seen == pytest.approx([base, base * 0.5, base, base * 0.5])  # per epoch: full, then the short one
     assert metrics["short_minibatch_scale"] == 0.5 and metrics["lr"] == pytest.approx(base)
@@ -168,7 +168,7 @@ def test_full_mini_batches_step_at_the_scheduled_lr():
     batch = random_batch(11, groups=4, g=2)
     batch.old_log_probs = trainer.compute_log_probs(batch)[0]
     seen = _record_step_lrs(trainer)
-    metrics = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2)
+    metrics = trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=2)
     assert seen == [NO_CLIP.lr, NO_CLIP.lr] and metrics["short_minibatch_scale"] == 1.0
 
 
@@ -180,12 +180,12 @@ def test_given_mini_batch_scales_are_used_and_checked():
     trainer = PolicyTrainer(tiny_model(seed=2), NO_CLIP, micro_batch_size=4)
     batch.old_log_probs = trainer.compute_log_probs(batch)[0]
     seen = _record_step_lrs(trainer)
-    metrics = trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=[1, 1, 0.25])
+    metrics = trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=[1, 1, 0.25])
     assert seen == pytest.approx([NO_CLIP.lr, NO_CLIP.lr, NO_CLIP.lr * 0.25])
     assert metrics["short_minibatch_scale"] == 0.25
     for bad in ([1.0, 0.5], [1.0, 1.0, 0.0], [1.0, 1.0, 1.5]):
         with pytest.raises(ValueError, match=r"one lr multiplier in \(0, 1\] per mini-batch \(3 here\)"):
-            trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=bad)
+            trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=2, mini_batch_scales=bad)
 
 
 def test_split_by_groups_keeps_groups_together():
@@ -199,7 +199,7 @@ def test_split_by_groups_keeps_groups_together():
 
 def test_sft_step_lowers_loss():
     model = tiny_model(seed=3, dtype=torch.float32)
-    trainer = PolicyTrainer(model, OptimConfig(lr=1e-2, weight_decay=0.0), micro_batch_size=8)
+    trainer = PolicyTrainer(model, optim_config(lr=1e-2, weight_decay=0.0), micro_batch_size=8)
     batch = build_policy_batch([[3, 4]] * 8, [[5, 6, 7, 2]] * 8, pad_token_id=PAD)
     first = trainer.sft_step(batch)["loss"]
     for _ in range(20):
@@ -208,19 +208,19 @@ def test_sft_step_lowers_loss():
 
 
 def test_lr_schedules():
-    warm = lr_lambda(OptimConfig(warmup_steps=4, scheduler="constant"))
+    warm = lr_lambda(optim_config(lr=1e-3, warmup_steps=4, scheduler="constant"))
     assert [warm(s) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    cos = lr_lambda(OptimConfig(warmup_steps=0, scheduler="cosine", total_steps=10, min_lr_ratio=0.1))
+    cos = lr_lambda(optim_config(lr=1e-3, warmup_steps=0, scheduler="cosine", total_steps=10, min_lr_ratio=0.1))
     assert cos(0) == pytest.approx(1.0) and cos(10) == pytest.approx(0.1) and cos(5) == pytest.approx(0.55)
     with pytest.raises(ValueError, match="valid: constant, cosine"):
-        lr_lambda(OptimConfig(scheduler="linear"))
+        lr_lambda(optim_config(lr=1e-3, scheduler="linear"))
 
 
 def test_update_requires_advantages_and_old_log_probs():
     trainer = PolicyTrainer(tiny_model(), NO_CLIP)
     batch = random_batch(0)
     with pytest.raises(ValueError, match="old_log_probs"):
-        trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=1)
+        trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=1)
 
 
 # ---------------- two gloo ranks in two processes ----------------
@@ -248,7 +248,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         # this rank's shard: alternate groups (unequal token counts across ranks on purpose)
         rows = torch.nonzero(batch.group_index % world == rank).squeeze(-1)
         shard = batch.select(rows)
-        metrics = trainer.update(shard, LossConfig(clip_c=10.0), ppo_epochs=1, mini_batch_groups=100)
+        metrics = trainer.update(shard, loss_config(clip_c=10.0), ppo_epochs=1, mini_batch_groups=100)
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         torch.save(grads, Path(out_dir) / f"rank{rank}.pt")
         torch.save(metrics["short_minibatch_scale"], Path(out_dir) / f"scale{rank}.pt")

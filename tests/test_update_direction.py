@@ -23,11 +23,12 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from _tiny import loss_config, optim_config
 
 from dapo_core.engines.batch import PolicyBatch, build_policy_batch
 from dapo_core.engines.models import build_tiny_qwen2
 from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from dapo_core.engines.trainer import LossConfig, OptimConfig, PolicyTrainer
+from dapo_core.engines.trainer import PolicyTrainer
 
 Group = tuple[str, list[tuple[str, float]]]  # (prompt, [(response, advantage), ...])
 
@@ -67,11 +68,11 @@ def log_prob_change(groups: Sequence[Group], loss_agg: str) -> tuple[torch.Tenso
         max_position_embeddings=64,
         seed=0,
     )
-    trainer = PolicyTrainer(model, OptimConfig(lr=1e-3, weight_decay=0.0, grad_clip=1e9), micro_batch_size=8)
+    trainer = PolicyTrainer(model, optim_config(lr=1e-3, weight_decay=0.0, grad_clip=1e9), micro_batch_size=8)
     batch = _batch(tok, groups)
     old, _ = trainer.compute_log_probs(batch)  # (N, T), zero past each response
     batch.old_log_probs = old
-    loss_cfg = LossConfig(loss_agg=loss_agg, clip_c=10.0)
+    loss_cfg = loss_config(loss_agg=loss_agg, clip_c=10.0)
     metrics = trainer.update(batch, loss_cfg, ppo_epochs=1, mini_batch_groups=len(groups))
     assert metrics["num_updates"] == 1.0  # exactly one optimizer step
     new, _ = trainer.compute_log_probs(batch)  # (N, T)

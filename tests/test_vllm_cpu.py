@@ -14,15 +14,15 @@ import math
 
 import pytest
 import torch
+from _tiny import loss_config, optim_config, plain_sampling
 
 from dapo_core.config import load_config
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import load_model
-from dapo_core.engines.optim import OptimConfig
 from dapo_core.engines.rollout import FINISH_LENGTH, FINISH_STOP, SamplingConfig
 from dapo_core.engines.rollout.vllm_worker import WeightSyncWorkerExtension, decode_bucket, layer_group, plan_buckets
 from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.engines.trainer import LossConfig, PolicyTrainer
+from dapo_core.engines.trainer import PolicyTrainer
 
 pytestmark = [
     pytest.mark.vllm,
@@ -114,13 +114,13 @@ def _prompts(tok) -> list[list[int]]:
 
 def _sampling(seed: int, **kw) -> SamplingConfig:
     base = {"n": 4, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 24, "seed": seed}
-    return SamplingConfig(**{**base, "return_log_probs": True, **kw})
+    return plain_sampling(**{**base, "return_log_probs": True, **kw})
 
 
 def _trainer_log_probs(model, results, pad_id: int) -> list[list[float]]:
     """The trainer's recomputed log-probs of each result's response (temperature 1)."""
     batch = build_policy_batch([r.prompt_ids for r in results], [r.response_ids for r in results], pad_token_id=pad_id)
-    trainer = PolicyTrainer(model, OptimConfig(lr=0.0), micro_batch_size=64)
+    trainer = PolicyTrainer(model, optim_config(lr=0.0), micro_batch_size=64)
     lp, _ = trainer.compute_log_probs(batch)  # (N, T)
     return [lp[i, : r.response_length].tolist() for i, r in enumerate(results)]
 
@@ -178,13 +178,13 @@ def test_log_probs_match_the_trainer_and_follow_a_weight_sync(engine, tok, model
     assert same < 1e-4, same  # the same checkpoint: vLLM's CPU kernels agree with the trainer
 
     # one real update: the trainer's policy moves away from the engine's
-    trainer = PolicyTrainer(model, OptimConfig(lr=0.05, warmup_steps=0), micro_batch_size=64)
+    trainer = PolicyTrainer(model, optim_config(lr=0.05, warmup_steps=0), micro_batch_size=64)
     batch = build_policy_batch(
         [r.prompt_ids for r in before], [r.response_ids for r in before], pad_token_id=tok.pad_token_id,
         group_ids=[r.prompt_index for r in before], advantages=[1.0 if r.sample_index % 2 else -1.0 for r in before],
     )  # fmt: skip
     batch.old_log_probs, _ = trainer.compute_log_probs(batch)
-    trainer.update(batch, LossConfig(), ppo_epochs=1, mini_batch_groups=4)
+    trainer.update(batch, loss_config(), ppo_epochs=1, mini_batch_groups=4)
     stale = engine.generate(prompts, _sampling(seed=9))
     drift = _max_diff([list(r.log_probs) for r in stale], _trainer_log_probs(model, stale, tok.pad_token_id))  # type: ignore[arg-type]
     assert drift > 1e-2, drift  # before the sync the engine still samples the old policy

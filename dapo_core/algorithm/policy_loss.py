@@ -35,11 +35,11 @@ def policy_loss(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    mode: str = "ppo-clip",
-    clip_low: float | None = 0.2,
-    clip_high: float = 0.28,
+    mode: str,
+    clip_low: float | None,
+    clip_high: float,
     clip_c: float | None = None,
-    loss_agg: str = "token-mean",
+    loss_agg: str,
     global_num_tokens: float | Tensor | None = None,
     global_num_seqs: float | Tensor | None = None,
     norm_length: float | None = None,
@@ -53,8 +53,9 @@ def policy_loss(
         advantages: (N, T) or (N,) per-token advantages (GRPO/DAPO broadcast one value per response).
         response_mask: (N, T) 1 for tokens that count (response tokens, not padding / filtered responses).
         mode: ``ppo-clip`` (DAPO/GRPO, Eq. 8-10), ``gspo``, ``cispo`` or ``gmpo`` (module doc).
-        clip_low: eps_low (paper 0.2). clip_high: eps_high (paper 0.28; GRPO 0.2). For the other modes, that
-            objective's bounds (gspo 3e-4/4e-4; cispo None/5.0, None = no lower bound; gmpo 0.4/0.4 in log space).
+        clip_low: eps_low. clip_high: eps_high (DAPO's Clip-Higher raises it above eps_low). For the other modes,
+            that objective's bounds (cispo: clip_low None = no lower bound; gmpo: in log space). The values, the
+            paper's among them, are the config's ``algorithm:`` section (``LossConfig.from_config``).
         clip_c: dual-clip constant c > 1 for negative advantages (verl DAPO: 10); None disables it. ppo-clip only.
         loss_agg: aggregation mode, see ``dapo_core.algorithm.aggregation``.
         global_num_tokens / global_num_seqs / norm_length: denominators, see ``agg_loss``; pass the counts of the

@@ -8,6 +8,7 @@
 The knob reference, generated from the schema and the recipes, is docs/recipe-knobs.md.
 """
 
+from dapo_core.config.base_model import MOVED_KEYS
 from dapo_core.config.loader import (
     DEFAULT_CONFIG,
     ConfigError,
@@ -19,11 +20,15 @@ from dapo_core.config.loader import (
     load_config,
     recipe_dirs,
     recipe_summary,
+    validate_section,
 )
 from dapo_core.config.schema import (
     AlgorithmConfig,
+    BaseModelStageConfig,
+    CurationConfig,
     DapoConfig,
     DataConfig,
+    DemosConfig,
     DynamicSamplingConfig,
     LossAgg,
     ModelConfig,
@@ -44,10 +49,14 @@ from dapo_core.config.serialize import dump_yaml, flatten_config, unflatten_conf
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "MOVED_KEYS",
     "AlgorithmConfig",
+    "BaseModelStageConfig",
     "ConfigError",
+    "CurationConfig",
     "DapoConfig",
     "DataConfig",
+    "DemosConfig",
     "DynamicSamplingConfig",
     "LossAgg",
     "ModelConfig",
@@ -74,4 +83,5 @@ __all__ = [
     "resolved_run_name",
     "resolved_tracking_uri",
     "unflatten_config",
+    "validate_section",
 ]

@@ -174,3 +174,10 @@ def objective_bounds(alg: AlgorithmConfig) -> tuple[float | None, float]:
         return alg.clip_low, alg.clip_high
     section: Any = {"gspo": alg.gspo, "cispo": alg.cispo, "gmpo": alg.gmpo}[alg.policy_loss]
     return section.clip_low, section.clip_high
+
+
+def norm_length_of(alg: AlgorithmConfig, max_response_length: int) -> int | None:
+    """Dr. GRPO's constant for ``seq-mean-token-sum-norm``: ``norm_length``, else L_max; None for every other mode."""
+    if alg.loss_agg != "seq-mean-token-sum-norm":
+        return None
+    return alg.norm_length or max_response_length

@@ -1,7 +1,7 @@
 """The ``control`` section: the supervised controls that RL's gains are measured against.
 
 ``sft-control`` continues the warm start on its own demonstrations for RL's training time; ``sft-control-clean``
-on clean ones (``dapo_core.engines.sft_control``). `dapo ablation` runs them as the ladder's closing rungs; with
+on clean ones (``dapo_core.warmstart.control``). `dapo ablation` runs them as the ladder's closing rungs; with
 ``control.pipeline``, `dapo pipeline` runs them after RL and prints them beside the policy.
 """
 

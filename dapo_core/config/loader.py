@@ -22,11 +22,13 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
+from dapo_core.config.base_model import MOVED_KEYS
 from dapo_core.config.schema import DapoConfig
 
 logger = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ DEFAULT_CONFIG = "params.yaml"
 PACKAGE_RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 ENV_OVERRIDES: dict[str, str] = {"MLFLOW_TRACKING_URI": "tracking.uri", "RAY_ADDRESS": "resources.ray_address"}
 INHERIT_KEY = "inherit"
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -203,9 +206,10 @@ def _model_class(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def section_at(parts: Sequence[str | int]) -> type[BaseModel] | None:
-    """The config section (pydantic model) at the path ``parts`` of the schema, or None where it is a value."""
-    model: type[BaseModel] | None = DapoConfig
+def section_at(parts: Sequence[str | int], root: type[BaseModel] = DapoConfig) -> type[BaseModel] | None:
+    """The config section (pydantic model) at the path ``parts`` below ``root`` (default: the whole schema), or
+    None where it is a value."""
+    model: type[BaseModel] | None = root
     for part in parts:
         if model is None or not isinstance(part, str) or part not in model.model_fields:
             return None
@@ -215,6 +219,10 @@ def section_at(parts: Sequence[str | int]) -> type[BaseModel] | None:
 
 def _unknown_key(section: str, name: str, valid: Sequence[str]) -> str:
     full = f"{section}.{name}" if section else name
+    if full in MOVED_KEYS:  # a key of an older schema: say where it went
+        new = MOVED_KEYS[full]
+        under = " in ".join(f"`{part}:`" for part in reversed(new.split(".")[:-1]))
+        return f"{full} moved to {new}: use --set {new}=VALUE, or in YAML put `{name}:` under {under}"
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.5)
     hint = f"did you mean '{section + '.' if section else ''}{close[0]}'? " if close else ""
     where = section or "the top level"
@@ -258,20 +266,41 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _format_error(err: Mapping[str, Any]) -> list[str]:
-    loc = [str(p) for p in err["loc"]]
+def _interval(field: FieldInfo | None) -> str | None:
+    """The range of a field bounded on both sides, e.g. ``[0, 1)`` for ``Field(ge=0, lt=1)``; else None."""
+    low = high = None
+    for bound in field.metadata if field is not None else ():
+        for attr, text in (("gt", "({}"), ("ge", "[{}"), ("lt", "{})"), ("le", "{}]")):
+            limit = getattr(bound, attr, None)
+            if limit is None:
+                continue
+            if attr in ("gt", "ge"):
+                low = text.format(limit)
+            else:
+                high = text.format(limit)
+    return f"{low}, {high}" if low and high else None
+
+
+def _format_error(err: Mapping[str, Any], root: type[BaseModel] = DapoConfig, prefix: Sequence[str] = ()) -> list[str]:
+    """One pydantic error of a model ``root`` as readable lines; ``prefix``: where ``root`` sits in the schema (its
+    dotted keys are named from there)."""
+    loc = [*prefix, *(str(p) for p in err["loc"])]
     dotted, kind, ctx = ".".join(loc), err["type"], err.get("ctx") or {}
     value = _short(err.get("input"))
+    parent = section_at(err["loc"][:-1], root)  # the section holding the key, when the key is a field
     if kind == "value_error":  # our consistency rules: already "key (value) rule: fix" lines
         return str(err["msg"]).removeprefix("Value error, ").splitlines()
     if kind == "extra_forbidden":
-        section_model = section_at(err["loc"][:-1])
-        valid = list(section_model.model_fields) if section_model else []
-        return [_unknown_key(".".join(loc[:-1]), loc[-1], valid) + "; remove or rename it"]
+        valid = list(parent.model_fields) if parent else []
+        fix = "" if dotted in MOVED_KEYS else "; remove or rename it"
+        return [_unknown_key(".".join(loc[:-1]), loc[-1], valid) + fix]
     if kind == "missing":
         return [f"{dotted}: required key missing: add it (e.g. `{dotted}: ...`)"]
     bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
     if kind in bounds:
+        interval = _interval(parent.model_fields.get(loc[-1]) if parent else None)
+        if interval:
+            return [f"{dotted} ({value}) must be in {interval}: use a value in that range"]
         limit = next(iter(ctx.values()), "?")
         return [f"{dotted} ({value}) must be {bounds[kind]} {limit}: use a value in range"]
     if kind == "literal_error":
@@ -292,6 +321,18 @@ def _drop_empty_sections(data: dict[str, Any], model: type[BaseModel] = DapoConf
             continue
         out[key] = _drop_empty_sections(value, sub) if sub is not None and isinstance(value, dict) else value
     return out
+
+
+def validate_section(model: type[M], data: Mapping[str, Any], where: str) -> M:
+    """``model`` (a config section, or settings built on one) validated from ``data``; its problems become one
+    `ConfigError` whose lines name each key from ``where``, the section's dotted place in the config
+    (``validate_section(BaseModelStageConfig, {"steps": 0}, "base_model")``: ``base_model.steps (0) must be > 0``)."""
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        prefix = where.split(".") if where else []
+        lines = [line for err in exc.errors() for line in _format_error(err, model, prefix)]
+        raise ConfigError(lines) from None
 
 
 def config_from_dict(data: Mapping[str, Any], source: str | None = None) -> DapoConfig:

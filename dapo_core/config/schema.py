@@ -22,14 +22,25 @@ from dapo_core.config.algorithm import (
     LossAgg,
     OverlongConfig,
     algorithm_problems,
+    norm_length_of,
 )
+from dapo_core.config.base_model import BaseModelStageConfig, DemosConfig
 from dapo_core.config.checks import batch_problems, engine_problems, length_problems
 from dapo_core.config.control import ControlConfig
+from dapo_core.config.curation import CurationConfig
 from dapo_core.config.rollout import RolloutConfig, rollout_problems
 from dapo_core.config.section import _Section
-from dapo_core.data.curate import CurationConfig
 
-__all__ = ["AlgorithmConfig", "DynamicSamplingConfig", "LossAgg", "OverlongConfig", "RolloutConfig"]  # re-exported
+__all__ = [  # re-exported
+    "AlgorithmConfig",
+    "BaseModelStageConfig",
+    "CurationConfig",
+    "DemosConfig",
+    "DynamicSamplingConfig",
+    "LossAgg",
+    "OverlongConfig",
+    "RolloutConfig",
+]
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACT_LOCATION = "./mlartifacts"
@@ -214,92 +225,6 @@ class ResourcesConfig(_Section):
     )
 
 
-class BaseModelStageConfig(_Section):
-    """The warm start of the tiny CPU model (the `base_model` stage): SFT on the synthetic task's worked solutions,
-    the stand-in for a pretrained base model. Real recipes skip this stage and name an HF model in model.path."""
-
-    steps: int = Field(
-        default=1000, gt=0, description="SFT optimizer steps: the cap, and the length of the cosine schedule."
-    )
-    time_budget_s: float | None = Field(
-        default=None, description="Stop earlier after this many seconds (null = off; breaks determinism)."
-    )
-    lr: float = Field(
-        default=1e-3, gt=0, description="Peak SFT learning rate (linear warm-up, cosine decay); 3e-3 is erratic here."
-    )
-    warmup_steps: int = Field(default=100, ge=0, description="Linear warm-up steps of the SFT schedule.")
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay during SFT.")
-    grad_clip: float = Field(default=1.0, gt=0, description="Gradient-norm clip during SFT.")
-    batch_size: int = Field(default=64, gt=0, description="Problems per SFT step.")
-    micro_batch_size: int = Field(default=64, gt=0, description="Problems per forward/backward micro-batch.")
-    min_ops: int = Field(default=1, ge=1, description="Fewest operations of the SFT problems.")
-    max_ops: int = Field(default=4, ge=1, description="Most operations of the SFT problems.")
-    num_demos: int | None = Field(
-        default=None,
-        gt=0,
-        description="Demonstrations the warm start may see: a fixed set of this many worked solutions, cycled in "
-        "epochs (null = a fresh problem every step). RL trains on the curated problems (answers only) either way.",
-    )
-    scarce_from_ops: int | None = Field(
-        default=None,
-        ge=1,
-        description="Problems with this many operations or more are scarce: their demonstrations are a fixed set of "
-        "`scarce_demos` worked solutions (null = every operation count has an unlimited supply).",
-    )
-    scarce_demos: int = Field(
-        default=0, ge=0, description="Size of the fixed set of worked solutions of the scarce (hard) problems."
-    )
-    shortcut_frac: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="Share of the demonstrations that state the answer line (`Answer: N`) without working it out "
-        "first (see `shortcut_style`), as web data mixes worked and bare answers: the warm start then answers "
-        "before working that often.",
-    )
-    shortcut_style: Literal["answer_only", "answer_first"] = Field(
-        default="answer_only",
-        description="How a shortcut demonstration looks: `answer_only` = the answer line alone; `answer_first` = "
-        "the answer line, then the worked lines (the same tokens of work, stated after the answer).",
-    )
-    run_on_frac: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="Share of the demonstrations that do not stop after their answer line but go on to the next "
-        "problem (`Q: ...` and its worked solution), as worksheets and documents of many problems do: the warm "
-        "start then often keeps writing after it has answered, and the scorer reads the last answer line.",
-    )
-    run_on_style: Literal["worked", "answer_only"] = Field(
-        default="worked",
-        description="What follows the next question in a run-on demonstration: its worked solution (`worked`) or "
-        "its answer line only (`answer_only`: a short run-on, no second worked solution in one response).",
-    )
-    check_frac: float = Field(
-        default=0.0,
-        ge=0,
-        lt=1,
-        description="Share of the demonstrations that check each worked line (`check 6*57=342`) before their "
-        "answer line: the warm start then checks that often, so the response length is the policy's choice, and "
-        "with checks every 4-operation answer and 93% of 3-operation ones pass 80 tokens (a length limit the hard "
-        "problems hit; without checks the longest is 61).",
-    )
-    target_greedy_acc: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="Stop once greedy accuracy on a probe set (disjoint from the held-out problems) reaches this; "
-        "null = always run `steps`. Deterministic: the check happens at fixed steps.",
-    )
-    check_every: int = Field(default=100, gt=0, description="Steps between target checks (target_greedy_acc).")
-    check_from: int = Field(default=0, ge=0, description="First step at which the target is checked.")
-    probe_size: int = Field(default=200, gt=0, description="Problems of the probe set used by the target check.")
-    heldout_size: int = Field(default=200, ge=0, description="Held-out problems for the stage's own accuracy check.")
-    heldout_k: int = Field(default=8, gt=0, description="Samples per held-out problem (k >= 8: k=4 is noisy).")
-    log_every: int = Field(default=10, gt=0, description="Log SFT metrics every k steps.")
-
-
 class EvaluationConfig(_Section):
     """How `dapo evaluate` and the pipeline's evaluate stage score a model (k, T and top_p come from rollout.val_*)."""
 
@@ -401,6 +326,4 @@ def resolved_data_seed(cfg: DapoConfig) -> int:
 
 def resolved_norm_length(cfg: DapoConfig) -> int | None:
     """Dr. GRPO's constant for `seq-mean-token-sum-norm` (default L_max); None for every other mode."""
-    if cfg.algorithm.loss_agg != "seq-mean-token-sum-norm":
-        return None
-    return cfg.algorithm.norm_length or cfg.data.max_response_length
+    return norm_length_of(cfg.algorithm, cfg.data.max_response_length)

@@ -37,13 +37,14 @@ def dump_yaml(cfg: DapoConfig) -> str:
     return "\n".join(blocks)
 
 
-def _flat_items(model: BaseModel, prefix: str = "") -> list[tuple[str, Any]]:
+def flat_items(model: BaseModel, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf field of ``model`` (a config or one of its sections), in field order."""
     items: list[tuple[str, Any]] = []
     for name in type(model).model_fields:
         value = getattr(model, name)
         key = f"{prefix}{name}"
         if isinstance(value, BaseModel):
-            items.extend(_flat_items(value, key + "."))
+            items.extend(flat_items(value, key + "."))
         else:
             items.append((key, value))
     return items
@@ -53,7 +54,7 @@ def flatten_config(cfg: DapoConfig) -> dict[str, str]:
     """Dotted keys -> strings (MLflow params): strings as-is, everything else as JSON (`null`, `[0.9, 0.999]`)."""
     return {
         key: value if isinstance(value, str) else json.dumps(list(value) if isinstance(value, tuple) else value)
-        for key, value in _flat_items(cfg)
+        for key, value in flat_items(cfg)
     }
 
 

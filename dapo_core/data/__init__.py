@@ -24,9 +24,8 @@ from dapo_core.data.schema import (
 # The rest loads on first use (PEP 562), so `dapo_core.data.schema` users do not pay for pyarrow/pydantic models.
 _LAZY = {
     "dapo_core.data.card": ("build_card", "dataset_digest", "render_markdown", "write_card"),
-    "dapo_core.data.curate": (
-        "CurationConfig", "SyntheticDataConfig", "curate", "integer_ground_truth", "problem_key",
-    ),
+    "dapo_core.config.curation": ("CurationConfig", "SyntheticDataConfig"),  # the config section, re-exported
+    "dapo_core.data.curate": ("curate", "integer_ground_truth", "problem_key"),
     "dapo_core.data.curate_report": ("DROP_REASONS", "CurationReport", "CurationResult"),
     "dapo_core.data.loaders": (
         "SourceRows", "SourceSpec", "available_loaders", "get_loader", "load_source", "register_loader",
@@ -39,8 +38,9 @@ _LAZY = {
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
 if TYPE_CHECKING:
+    from dapo_core.config.curation import CurationConfig, SyntheticDataConfig
     from dapo_core.data.card import build_card, dataset_digest, render_markdown, write_card
-    from dapo_core.data.curate import CurationConfig, SyntheticDataConfig, curate, integer_ground_truth, problem_key
+    from dapo_core.data.curate import curate, integer_ground_truth, problem_key
     from dapo_core.data.curate_report import DROP_REASONS, CurationReport, CurationResult
     from dapo_core.data.loaders import (
         SourceRows,

@@ -31,10 +31,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from dapo_core.data.curate_report import DROP_REASONS, CurationReport, CurationResult, DropExample, SourceReport
-from dapo_core.data.loaders import Column, SourceRows, SourceSpec
+from dapo_core.data.loaders import Column, SourceRows
 from dapo_core.data.schema import ProblemRecord
 from dapo_core.data.templates import PromptTemplate, TokenCounter, get_template, strip_template
 from dapo_core.rewards import normalize_final_answer
@@ -49,53 +48,6 @@ EXAMPLES_PER_REASON = 3
 DEFAULT_ABILITY, DEFAULT_STYLE = "MATH", "rule"
 # a DVC stage output: never inside data/ (docs/design.md, "Stage outputs and raw data")
 DEFAULT_OUTPUT_DIR = "outputs/curated"
-
-
-class SyntheticDataConfig(BaseModel):
-    """The seeded raw file of the CPU default (``dapo data generate``): same values, same bytes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(
-        default="data/synthetic/problems.jsonl",
-        description="Raw jsonl written by `dapo data generate`; inside data/, which data.dvc tracks.",
-    )
-    n: int = Field(default=20_000, gt=0, description="Problems to generate (duplicates are removed by curation).")
-    seed: int = Field(default=0, description="Generator seed (fixed: the file must be re-creatable bit-identically).")
-    min_ops: int = Field(default=1, ge=1, description="Fewest operations per problem (difficulty).")
-    max_ops: int = Field(default=4, ge=1, description="Most operations per problem; longer solutions.")
-    data_source: str = Field(default="synthetic", description="data_source of its rows (names val metrics).")
-
-
-class CurationConfig(BaseModel):
-    """The ``curation:`` section of params.yaml (a recipe): what to curate and how to split it.
-
-    ``data.template`` and ``data.max_prompt_length`` come from the main config (the trainer reads them too).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    sources: list[SourceSpec] | None = Field(
-        default=None, description="Train sources (paths or 'hf:<id>'); null = the synthetic file."
-    )
-    val_sources: list[SourceSpec] = Field(
-        default_factory=list, description="Validation-only sources (e.g. AIME-2024); never in train."
-    )
-    val_size: int = Field(
-        default=200, ge=0, description="Problems held out of the train sources for validation (0 = none)."
-    )
-    seed: int = Field(default=0, description="Seed of the train/validation draw.")
-    tokenizer: str | None = Field(
-        default=None,
-        description="Tokenizer that measures prompt length: 'char' (tiny task), a directory or hub id; "
-        "null = model.tokenizer_path, else 'char'.",
-    )
-    synthetic: SyntheticDataConfig = Field(default_factory=SyntheticDataConfig)
-
-    def train_specs(self) -> list[SourceSpec]:
-        if self.sources is not None:
-            return list(self.sources)
-        return [SourceSpec(path=self.synthetic.path, data_source=self.synthetic.data_source)]
 
 
 def normalize_problem(problem: str) -> str:

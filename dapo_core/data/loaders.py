@@ -33,8 +33,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dapo_core.config.curation import DEFAULT_DATA_SOURCE, SourceSpec
 from dapo_core.data.arrow_columns import BATCH_ROWS, last_user_message, require_columns, struct_field
 from dapo_core.data.freshness import FileStamp, check_stamp, file_md5, file_stamp
 from dapo_core.data.schema import Column, ColumnBuilder, SchemaError, column_from_arrow
@@ -42,30 +42,6 @@ from dapo_core.data.schema import Column, ColumnBuilder, SchemaError, column_fro
 logger = logging.getLogger(__name__)
 
 HF_PREFIX = "hf:"
-DEFAULT_DATA_SOURCE = "math_dapo"  # problem/answer rows: the reward family and the val-metric name
-
-
-class SourceSpec(BaseModel):
-    """One input: a local file or ``hf:<dataset id>``. A bare string is read as ``{"path": ...}``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str = Field(description="Local file (.parquet/.jsonl/.csv) or 'hf:<owner>/<name>' (Hugging Face).")
-    format: str | None = Field(default=None, description="Loader name; null = from the path (see available_loaders).")
-    data_source: str | None = Field(
-        default=None,
-        description="data_source of every row (names val metrics); null = the file's own column (verl), "
-        f"else {DEFAULT_DATA_SOURCE!r}.",
-    )
-    problem_key: str = Field(default="problem", description="Problem column of problem/answer files.")
-    answer_key: str = Field(default="answer", description="Answer column of problem/answer files.")
-    split: str = Field(default="train", description="Split of a Hugging Face dataset.")
-    revision: str | None = Field(default=None, description="Revision (commit/tag) of a Hugging Face dataset.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_string(cls, value: Any) -> Any:
-        return {"path": os.fspath(value)} if isinstance(value, (str, os.PathLike)) else value
 
 
 @dataclass

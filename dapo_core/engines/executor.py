@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dapo_core.config import DapoConfig, resolved_max_new_tokens, resolved_norm_length
-from dapo_core.config.algorithm import objective_bounds
+from dapo_core.config import DapoConfig, resolved_max_new_tokens
 from dapo_core.engines.batch import PolicyBatch
 from dapo_core.engines.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from dapo_core.engines.memory import release_cached_memory
@@ -32,47 +31,17 @@ from dapo_core.rewards import ScoredBatch, score_batch
 logger = logging.getLogger(__name__)
 
 
-def optim_config_from(cfg: DapoConfig) -> OptimConfig:
-    t = cfg.trainer
-    return OptimConfig(
-        lr=t.lr,
-        weight_decay=t.weight_decay,
-        betas=tuple(t.betas),  # type: ignore[arg-type]
-        grad_clip=t.grad_clip,
-        warmup_steps=t.lr_warmup_steps,
-        scheduler=t.lr_scheduler,
-        total_steps=t.total_steps,
-        min_lr_ratio=t.min_lr_ratio,
-    )
-
-
 def loss_config_from(cfg: DapoConfig) -> LossConfig:
-    a = cfg.algorithm
-    clip_low, clip_high = objective_bounds(a)
-    return LossConfig(
-        mode=a.policy_loss,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        clip_c=a.clip_c,
-        loss_agg=a.loss_agg,
-        norm_length=resolved_norm_length(cfg),  # Dr. GRPO: one constant for every sequence
-        entropy_coef=a.entropy_coef,
-    )
+    """``LossConfig.from_config`` of ``cfg.algorithm``, with L_max (``data.max_response_length``) for Dr. GRPO."""
+    return LossConfig.from_config(cfg.algorithm, max_response_length=cfg.data.max_response_length)
 
 
 def sampling_from(cfg: DapoConfig, *, seed: int, validation: bool = False, log_probs: bool = False) -> SamplingConfig:
-    """Training (paper: T=1.0, top_p=1.0, G=n) or validation (T=1.0, top_p=0.7, k=val_n) sampling."""
-    r = cfg.rollout
-    max_new = resolved_max_new_tokens(cfg)  # rollout.max_new_tokens, or L_max
-    if validation:
-        return SamplingConfig(
-            n=r.val_n, temperature=r.val_temperature, top_p=r.val_top_p, top_k=r.val_top_k,
-            max_new_tokens=max_new, seed=seed, return_log_probs=log_probs,
-        )  # fmt: skip
-    return SamplingConfig(
-        n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        max_new_tokens=max_new, seed=seed, return_log_probs=log_probs,
-    )  # fmt: skip
+    """Training (paper: T=1.0, top_p=1.0, G=n) or validation (T=1.0, top_p=0.7, k=val_n) sampling:
+    ``SamplingConfig.from_config`` of ``cfg.rollout`` with the resolved generation cap."""
+    return SamplingConfig.from_config(
+        cfg.rollout, max_new_tokens=resolved_max_new_tokens(cfg), seed=seed, validation=validation, log_probs=log_probs
+    )
 
 
 class PendingRollout:
@@ -172,7 +141,7 @@ def policy_trainer_from(cfg: DapoConfig, model: Any, device: torch.device) -> Po
     log-probs are at ``rollout.temperature``, the distribution the training rollouts were sampled from."""
     return PolicyTrainer(
         model,
-        optim_config_from(cfg),
+        OptimConfig.from_config(cfg.trainer),
         micro_batch_size=cfg.trainer.micro_batch_size,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         device=device,

@@ -11,25 +11,54 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dapo_core.engines.batch import PolicyBatch
 
+if TYPE_CHECKING:  # the engines import without pydantic (scripts/gpu_check.py runs where it is absent)
+    from dapo_core.config import TrainerConfig
 
-@dataclass
+
+@dataclass(frozen=True)
 class OptimConfig:
-    """AdamW + schedule. Warm-up and decay count optimizer-facing rollout steps (one ``update`` call = 1)."""
+    """AdamW + schedule. Warm-up and decay count optimizer-facing steps (one ``update`` call = 1).
 
-    lr: float = 1e-6
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    scheduler: str = "constant"  # constant | cosine
-    total_steps: int = 1
-    min_lr_ratio: float = 0.0
+    No field has a default: the values and their defaults live in the config. RL's optimizer is
+    ``from_config(cfg.trainer)``; the warm start and its controls build theirs from ``base_model:``
+    (``dapo_core.warmstart``), which sets no betas: ``betas=None`` leaves AdamW's own. AdamW's eps is never set.
+    """
+
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    warmup_steps: int
+    scheduler: str  # constant | cosine
+    total_steps: int
+    min_lr_ratio: float
+    betas: tuple[float, float] | None  # None: torch.optim.AdamW's default
+
+    @classmethod
+    def from_config(cls, trainer: TrainerConfig) -> OptimConfig:
+        """The RL optimizer of the ``trainer:`` section (lr, schedule over ``total_steps`` rollout steps, AdamW)."""
+        return cls(
+            lr=trainer.lr,
+            weight_decay=trainer.weight_decay,
+            grad_clip=trainer.grad_clip,
+            warmup_steps=trainer.lr_warmup_steps,
+            scheduler=trainer.lr_scheduler,
+            total_steps=trainer.total_steps,
+            min_lr_ratio=trainer.min_lr_ratio,
+            betas=(trainer.betas[0], trainer.betas[1]),
+        )
+
+    def adamw_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``torch.optim.AdamW`` (betas only when set)."""
+        kwargs: dict[str, Any] = {"lr": self.lr, "weight_decay": self.weight_decay}
+        if self.betas is not None:
+            kwargs["betas"] = self.betas
+        return kwargs
 
 
 def lr_lambda(cfg: OptimConfig) -> Callable[[int], float]:

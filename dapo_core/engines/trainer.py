@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -50,6 +49,7 @@ from dapo_core.engines.fsdp import (
     sum_over_ranks,
     world_size,
 )
+from dapo_core.engines.loss import LossConfig
 from dapo_core.engines.optim import (
     OptimConfig,
     checked_mini_batch_scales,
@@ -72,19 +72,6 @@ _TOKEN_WEIGHTED = (
     "entropy",
     "mean_prob",
 )
-
-
-@dataclass
-class LossConfig:
-    """The knobs of the policy loss (paper values for DAPO)."""
-
-    mode: str = "ppo-clip"  # or gspo / cispo / gmpo (dapo_core.algorithm.objectives)
-    clip_low: float | None = 0.2  # the mode's bounds; None only for cispo (no lower bound)
-    clip_high: float = 0.28
-    clip_c: float | None = None
-    loss_agg: str = "token-mean"
-    norm_length: int | None = None
-    entropy_coef: float = 0.0
 
 
 class PolicyTrainer:
@@ -127,9 +114,7 @@ class PolicyTrainer:
         self.fsdp_defer_grad_sync = fsdp_defer_grad_sync
         if gradient_checkpointing:
             enable_activation_checkpointing(model)  # (apply_fsdp2 does it before sharding; then this is a no-op)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(model.parameters(), **optim.adamw_kwargs())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim))
         self.global_step = 0  # optimizer-facing rollout steps done (= scheduler steps)
 

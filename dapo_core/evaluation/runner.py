@@ -3,7 +3,8 @@
 Used by the evaluate flow (a model on a file) and by the train flow's periodic validation (the live policy):
 
     report = evaluate(executor, read_rl_parquet("aime-2024.parquet"), k=32,
-                      sampling=SamplingConfig(temperature=1.0, top_p=0.7, max_new_tokens=20480), seed=1234)
+                      sampling=SamplingConfig.from_config(cfg.rollout, max_new_tokens=20480, seed=0, validation=True),
+                      seed=1234)
     report.metrics["val/math_dapo/acc/mean_at_32"]      # avg@32, the paper's AIME number
     report.rows()                                      # one dict per problem (an MLflow table)
 

@@ -69,7 +69,10 @@ def test_update_release_wake_generate_on_one_gpu(colocated, monkeypatch):
 
     monkeypatch.setattr(lex, "release_cached_memory", release)
     prompts = [[5, 6, 7]] * 8
-    results = ex.generate(prompts, SamplingConfig(n=8, max_new_tokens=256, seed=1, return_log_probs=True))
+    results = ex.generate(
+        prompts,
+        SamplingConfig(n=8, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=256, seed=1, return_log_probs=True),
+    )
     batch = build_policy_batch(
         [r.prompt_ids for r in results], [r.response_ids for r in results], pad_token_id=0,
         group_ids=[r.prompt_index for r in results],
@@ -81,7 +84,7 @@ def test_update_release_wake_generate_on_one_gpu(colocated, monkeypatch):
     peak_reserved = torch.cuda.memory_reserved()
     assert ex.sync_weights() == 1  # the release runs here, before the engine wakes its weights
     order.append("generate")
-    again = ex.generate(prompts, SamplingConfig(n=8, max_new_tokens=64, seed=2))
+    again = ex.generate(prompts, SamplingConfig(n=8, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=64, seed=2))
     assert order == ["update", "release", "generate"] and len(again) == 64
     (report,) = reports
     assert report.reserved_before >= peak_reserved * 0.99 and report.reserved_after < report.reserved_before

@@ -60,7 +60,16 @@ def fsdp_step_figures(device: torch.device, dims: dict[str, int], sizes: tuple[i
     params = sum(p.numel() for p in reference.parameters())
     settings = FsdpSettings(param_dtype="bfloat16", reduce_dtype="float32")
     model = apply_fsdp2(copy.deepcopy(reference), settings, gradient_checkpointing=True)
-    optim = OptimConfig(lr=1e-5, weight_decay=0.1, grad_clip=1.0)
+    optim = OptimConfig(
+        lr=1e-5,
+        weight_decay=0.1,
+        grad_clip=1.0,
+        warmup_steps=0,
+        scheduler="constant",
+        total_steps=1,
+        min_lr_ratio=0.0,
+        betas=None,
+    )
     trainer = PolicyTrainer(model, optim, micro_batch_size=micro, device=device)
     batch = random_batch(dims["vocab_size"], groups, g, prompt_len, resp_len)
     mask = batch.response_mask.bool()  # (N, T)
@@ -75,7 +84,15 @@ def fsdp_step_figures(device: torch.device, dims: dict[str, int], sizes: tuple[i
         torch.cuda.reset_peak_memory_stats(device)
 
     batch.old_log_probs = log_probs
-    loss = LossConfig(clip_c=10.0)
+    loss = LossConfig(  # DAPO: clip-higher 0.2 / 0.28, dual clip, token-mean
+        mode="ppo-clip",
+        clip_low=0.2,
+        clip_high=0.28,
+        clip_c=10.0,
+        loss_agg="token-mean",
+        norm_length=None,
+        entropy_coef=0.0,
+    )
     metrics = [trainer.update(batch, loss, ppo_epochs=1, mini_batch_groups=groups // 2)]  # warm-up
     times = []
     for _ in range(REPEATS):

@@ -130,7 +130,9 @@ def used_gib() -> float:
 def test_generation_matches_the_hf_model_and_throughput(setup) -> None:
     tokenizer, backend, figures = setup.tokenizer, setup.backend, setup.figures
     old = setup.current  # the checkpoint the engine loaded (or the last synced policy)
-    sampling = SamplingConfig(n=4, temperature=1.0, max_new_tokens=48, seed=1, return_log_probs=True)
+    sampling = SamplingConfig(
+        n=4, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=48, seed=1, return_log_probs=True
+    )
     results = backend.generate(prompts_for(tokenizer, 8), sampling)
     assert [(r.prompt_index, r.sample_index) for r in results] == [(i, j) for i in range(8) for j in range(4)]
     for r in results:
@@ -149,7 +151,7 @@ def test_generation_matches_the_hf_model_and_throughput(setup) -> None:
     assert same >= 0.9  # equal up to batch-dependent bf16 near-ties
 
     # throughput: 64 prompts x 8 samples
-    big = SamplingConfig(n=8, temperature=1.0, max_new_tokens=64, seed=2)
+    big = SamplingConfig(n=8, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=64, seed=2)
     backend.generate(prompts_for(tokenizer, 8), big)  # warm-up
     t0 = time.perf_counter()
     out = backend.generate(prompts_for(tokenizer, 64), big)
@@ -161,7 +163,9 @@ def test_generation_matches_the_hf_model_and_throughput(setup) -> None:
 def test_weight_sync_makes_the_engine_use_the_new_weights(setup) -> None:
     tokenizer, backend, figures = setup.tokenizer, setup.backend, setup.figures
     old, new = setup.current, small_qwen2(setup.tok, seed=1)
-    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=32, seed=3, return_log_probs=True)
+    sampling = SamplingConfig(
+        n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=32, seed=3, return_log_probs=True
+    )
     prompts = prompts_for(tokenizer, 8)
 
     t0 = time.perf_counter()
@@ -175,7 +179,9 @@ def test_weight_sync_makes_the_engine_use_the_new_weights(setup) -> None:
     assert to_new.mean() < MEAN_TOL and to_new.max() < MAX_TOL, f"engine != new weights: {to_new.mean():.3f}"
     assert to_old.mean() > 0.5, f"the new weights barely differ from the old ones ({to_old.mean():.3f})"
 
-    greedy = backend.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=16, return_log_probs=True))
+    greedy = backend.generate(
+        prompts, SamplingConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=16, return_log_probs=True)
+    )
     with torch.no_grad():
         for r in greedy:  # each greedy token is (within bf16 error) the new model's argmax
             ids = torch.tensor([r.prompt_ids + r.response_ids])
@@ -189,7 +195,9 @@ def test_weight_sync_makes_the_engine_use_the_new_weights(setup) -> None:
 
 def test_sleep_frees_memory_and_wake_up_restores_the_weights(setup) -> None:
     tokenizer, backend, figures = setup.tokenizer, setup.backend, setup.figures
-    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=32, seed=4, return_log_probs=True)
+    sampling = SamplingConfig(
+        n=2, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=32, seed=4, return_log_probs=True
+    )
     prompts = prompts_for(tokenizer, 8)
     before = backend.generate(prompts, sampling)
     awake = used_gib()

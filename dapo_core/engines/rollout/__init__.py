@@ -4,7 +4,7 @@ backend_cls = get_rollout_backend_cls(cfg.rollout.backend)
 backend = backend_cls.from_config(
     cfg, model=model if backend_cls.shares_policy_model else None, tokenizer=tokenizer, model_path=path
 )
-results = backend.generate(prompt_ids, SamplingConfig(n=8, temperature=1.0, max_new_tokens=64, seed=step))
+results = backend.generate(prompt_ids, SamplingConfig.from_config(cfg.rollout, max_new_tokens=64, seed=step))
 """
 
 from dapo_core.engines.rollout.base import (

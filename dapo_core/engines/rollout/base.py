@@ -2,7 +2,8 @@
 
 Backends (``hf`` = transformers on CPU, ``vllm`` on GPU) sit behind one small interface so the flow and the Ray
 actors never care which engine produced a response. Step 1 of DAPO's Algorithm 1 ("sample G outputs for each
-question") is ``backend.generate(prompts, SamplingConfig(n=G, temperature=1.0, top_p=1.0, ...))``.
+question") is ``backend.generate(prompts, SamplingConfig.from_config(cfg.rollout, max_new_tokens=L, seed=s))``
+(the section's n = G, temperature 1.0, top_p 1.0).
 
 Backends register themselves by name; ``get_rollout_backend_cls("hf")`` returns the class. ``"vllm"`` is looked
 up lazily so that importing this package never imports vLLM (a GPU-only, CUDA-wheel dependency).
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from dapo_core.config import DapoConfig
+    from dapo_core.config import DapoConfig, RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +36,20 @@ FINISH_LENGTH = "length"  # max_new_tokens reached without EOS (truncated)
 class SamplingConfig:
     """How to sample: ``n`` responses per prompt (the paper's G), temperature, nucleus/top-k, length, seed.
 
-    DAPO samples training rollouts at temperature 1.0, top_p 1.0 (Sec. 4.1) and evaluates AIME at top_p 0.7.
-    ``temperature == 0`` means greedy decoding. ``top_k = -1`` (or 0) disables top-k, as in vLLM.
-    ``return_log_probs`` asks for the per-token log-probs of the sampled tokens under the raw model.
-    ``seed`` fixes the samples: sample j of prompt i depends only on (seed, i, j), the prompt and the weights,
-    so derive it per rollout (e.g. from trainer.seed, step and generation batch) to get fresh samples.
+    DAPO samples training rollouts at temperature 1.0, top_p 1.0 (Sec. 4.1) and evaluates AIME at top_p 0.7:
+    those values, and their defaults, are the config's ``rollout:`` section; ``from_config`` reads them, so the
+    knobs that section sets have no default here. ``temperature == 0`` means greedy decoding. ``top_k = -1`` (or
+    0) disables top-k, as in vLLM. ``return_log_probs`` asks for the per-token log-probs of the sampled tokens
+    under the raw model. ``seed`` fixes the samples: sample j of prompt i depends only on (seed, i, j), the prompt
+    and the weights, so derive it per rollout (e.g. from trainer.seed, step and generation batch) to get fresh
+    samples. The two have defaults: no config key sets them.
     """
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 32
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_new_tokens: int
     seed: int = 0
     return_log_probs: bool = False
 
@@ -66,6 +69,30 @@ class SamplingConfig:
     def greedy(self) -> bool:
         """True when decoding is deterministic argmax (temperature 0)."""
         return self.temperature == 0.0
+
+    @classmethod
+    def from_config(
+        cls,
+        rollout: RolloutConfig,
+        *,
+        max_new_tokens: int,
+        seed: int,
+        validation: bool = False,
+        log_probs: bool = False,
+    ) -> SamplingConfig:
+        """The ``rollout:`` section's training sampling (``n``, ``temperature``, ``top_p``, ``top_k``) or, with
+        ``validation``, its validation sampling (``val_n``, ``val_temperature``, ...). ``max_new_tokens``: the
+        resolved generation cap (``dapo_core.config.resolved_max_new_tokens``)."""
+        r = rollout
+        if validation:
+            return cls(
+                n=r.val_n, temperature=r.val_temperature, top_p=r.val_top_p, top_k=r.val_top_k,
+                max_new_tokens=max_new_tokens, seed=seed, return_log_probs=log_probs,
+            )  # fmt: skip
+        return cls(
+            n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            max_new_tokens=max_new_tokens, seed=seed, return_log_probs=log_probs,
+        )  # fmt: skip
 
 
 @dataclass

@@ -2,7 +2,7 @@
 trainer's weights.
 
     backend = get_rollout_backend_cls("vllm").from_config(cfg, model=None, tokenizer=tok, model_path=path)
-    results = backend.generate(prompt_ids, SamplingConfig(n=16, temperature=1.0, max_new_tokens=20480, seed=s))
+    results = backend.generate(prompt_ids, SamplingConfig.from_config(cfg.rollout, max_new_tokens=20480, seed=s))
     backend.sleep()                                  # colocated: free the KV cache (and weights) for training
     backend.update_weights(trainer_state_dict, version=step)   # ships HF-named weights in buckets
     results = backend.generate(...)                  # wakes the engine first

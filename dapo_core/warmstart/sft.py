@@ -12,7 +12,8 @@ questions the caller excludes (e.g. the curated train/val problems), with the ``
 k sampled responses at T=1.0) and the ``math_dapo`` scorer.
 
     cfg = load_config(recipe="tiny-dapo")
-    result = run_warm_start(cfg, WarmStartConfig(steps=1000), output_dir="outputs/base_model")
+    ws = WarmStartConfig.from_config(cfg.base_model, seed=cfg.trainer.seed, max_new_tokens=80, steps=1000)
+    result = run_warm_start(cfg, ws, output_dir="outputs/base_model")
     print(result.final_metrics["heldout/acc/mean_at_8"])
 
 Deterministic for a seed (same machine and thread count) as long as ``time_budget_s`` does not bind: the step
@@ -24,33 +25,34 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from dapo_core.config import DapoConfig
+from dapo_core.config import BaseModelStageConfig, DapoConfig, validate_section
 from dapo_core.data.synthetic import SyntheticProblem
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import build_tiny_qwen2, resolve_device, save_hf_dir
 from dapo_core.engines.rollout import HFRolloutBackend, SamplingConfig
-from dapo_core.engines.sft_data import TINY_PROMPT as TINY_PROMPT  # re-exported: the data lives in sft_data
-from dapo_core.engines.sft_data import demonstration_set as demonstration_set
-from dapo_core.engines.sft_data import exclusion_digest as exclusion_digest
-from dapo_core.engines.sft_data import (
+from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+from dapo_core.rewards import score_batch
+from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.demos import TINY_PROMPT as TINY_PROMPT  # re-exported: the data lives in demos
+from dapo_core.warmstart.demos import demonstration_set as demonstration_set
+from dapo_core.warmstart.demos import exclusion_digest as exclusion_digest
+from dapo_core.warmstart.demos import (
     heldout_problems,
     normalize_question,
     prompt_ids,
     response_ids,
     sft_batches,
 )
-from dapo_core.engines.sft_data import shortcut_demo as shortcut_demo
-from dapo_core.engines.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
-from dapo_core.rewards import score_batch
-from dapo_core.seeding import derive_seed
+from dapo_core.warmstart.demos import shortcut_demo as shortcut_demo
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +60,12 @@ logger = logging.getLogger(__name__)
 MetricsCallback = Callable[[int, dict[str, float]], None]
 
 
-@dataclass(frozen=True)
-class WarmStartConfig:
-    """Knobs of the warm start (config section ``base_model:``, plus the seed); defaults are the CPU default.
+class WarmStartConfig(BaseModelStageConfig):
+    """The warm start's settings: the ``base_model:`` section, plus the seed and the generation length.
+
+    Every knob, its default and its range are the section's (``dapo_core.config.base_model``); this class adds
+    only what comes from elsewhere, with no default: ``seed`` (``trainer.seed`` unless the stage is given one) and
+    ``max_new_tokens`` (``data.max_response_length``: what RL will allow). Build it with ``from_config``.
 
     ``steps`` is the budget that makes the run deterministic; ``time_budget_s`` (None = off) stops earlier on a
     slow machine, at the price of determinism. The lr follows a linear warm-up then cosine decay to
@@ -72,77 +77,36 @@ class WarmStartConfig:
     runs (held-out greedy 10% or 42.5% after 1400 steps). ~0.35 s per step at 2 threads.
     """
 
-    steps: int = 1000
-    time_budget_s: float | None = None
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    batch_size: int = 64
-    micro_batch_size: int = 64
-    min_ops: int = 1
-    max_ops: int = 4
-    num_demos: int | None = None
-    scarce_from_ops: int | None = None
-    scarce_demos: int = 0
-    shortcut_frac: float = 0.0
-    shortcut_style: str = "answer_only"
-    run_on_frac: float = 0.0
-    run_on_style: str = "worked"
-    check_frac: float = 0.0
-    target_greedy_acc: float | None = None
-    check_every: int = 100
-    check_from: int = 0
-    probe_size: int = 200
-    heldout_size: int = 200
-    heldout_k: int = 8
-    max_new_tokens: int = 64
-    log_every: int = 10
-    seed: int = 42
+    model_config = ConfigDict(frozen=True)
 
-    def __post_init__(self) -> None:
-        checks = [
-            (self.steps >= 1, f"steps ({self.steps}) must be >= 1 optimizer steps (the CPU default uses 1000)"),
-            (self.lr > 0, f"lr ({self.lr}) must be > 0 (the CPU default uses 1e-3)"),
-            (self.batch_size >= 1, f"batch_size ({self.batch_size}) must be >= 1 problems per step"),
-            (self.micro_batch_size >= 1, f"micro_batch_size ({self.micro_batch_size}) must be >= 1"),
-            (self.heldout_size >= 0, f"heldout_size ({self.heldout_size}) must be >= 0 (0 skips evaluation)"),
-            (self.heldout_k >= 1, f"heldout_k ({self.heldout_k}) must be >= 1; use >= 8 (k=4 is noisy, notes)"),
-            (self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1 steps"),
-            (
-                self.target_greedy_acc is None or 0 < self.target_greedy_acc <= 1,
-                f"target_greedy_acc ({self.target_greedy_acc}) must be in (0, 1], or null to always run `steps`",
-            ),
-            (self.check_every >= 1, f"check_every ({self.check_every}) must be >= 1 steps"),
-            (self.check_from >= 0, f"check_from ({self.check_from}) must be >= 0"),
-            (self.probe_size >= 1, f"probe_size ({self.probe_size}) must be >= 1 problems"),
-            (self.warmup_steps >= 0, f"warmup_steps ({self.warmup_steps}) must be >= 0"),
-            (0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio ({self.min_lr_ratio}) must be in [0, 1]"),
-            (
-                self.time_budget_s is None or self.time_budget_s > 0,
-                f"time_budget_s ({self.time_budget_s}) must be > 0 seconds, or null for no time cap",
-            ),
-        ]
-        problems = [msg for ok, msg in checks if not ok]
-        if problems:
-            raise ValueError("invalid warm-start settings: " + "; ".join(problems))
+    seed: int = Field(description="Root seed of the warm start (trainer.seed unless the stage is given one).")
+    max_new_tokens: int = Field(gt=0, description="Generation cap of its evaluations (data.max_response_length).")
+
+    @classmethod
+    def from_config(
+        cls, section: BaseModelStageConfig, *, seed: int, max_new_tokens: int, **knobs: Any
+    ) -> WarmStartConfig:
+        """``section`` (the config's ``base_model:``) with ``knobs`` (its keys) replaced, plus the seed and the
+        generation length. A bad knob raises ``ConfigError`` naming ``base_model.<knob>``, its value and range."""
+        data = {**section.model_dump(), **knobs, "seed": seed, "max_new_tokens": max_new_tokens}
+        return validate_section(cls, data, "base_model")
+
+    def optim_config(self) -> OptimConfig:
+        """The SFT optimizer: linear warm-up over ``warmup_steps``, cosine decay to ``lr * min_lr_ratio`` at
+        ``steps``; AdamW's own betas (the section sets none)."""
+        return OptimConfig(
+            lr=self.lr, weight_decay=self.weight_decay, grad_clip=self.grad_clip, warmup_steps=self.warmup_steps,
+            scheduler="cosine", total_steps=self.steps, min_lr_ratio=self.min_lr_ratio, betas=None,
+        )  # fmt: skip
 
     def stamp(self) -> dict[str, Any]:
         """Everything that changes the trained weights or the reported metrics (for the stage's cache stamp)."""
-        out = asdict(self)
+        out = self.model_dump()
         out.pop("log_every")  # logging cadence changes nothing
+        out.update(out.pop("demos"))  # flat, as the stamps of base models built before the knobs were nested
         if not out["check_frac"]:  # added later: at its default the stamps of earlier base models still hold
             out.pop("check_frac")
         return out
-
-
-def warm_start_config_from(cfg: DapoConfig) -> WarmStartConfig:
-    """The ``base_model:`` config section as a ``WarmStartConfig``; seed = trainer.seed, generation length =
-    data.max_response_length (what RL will allow)."""
-    return WarmStartConfig(
-        **cfg.base_model.model_dump(), seed=cfg.trainer.seed, max_new_tokens=cfg.data.max_response_length
-    )
 
 
 @dataclass
@@ -184,7 +148,7 @@ def greedy_accuracy(
     tokenizer: PreTrainedTokenizerBase,
     problems: Sequence[SyntheticProblem],
     *,
-    max_new_tokens: int = 64,
+    max_new_tokens: int,
     micro_batch_size: int = 256,
     backend: HFRolloutBackend | None = None,
 ) -> float:
@@ -195,7 +159,9 @@ def greedy_accuracy(
     was_training = model.training
     model.eval()
     prompts = [prompt_ids(tokenizer, p.question) for p in problems]
-    greedy = backend.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=max_new_tokens, seed=0))
+    greedy = backend.generate(
+        prompts, SamplingConfig(n=1, temperature=0.0, top_p=1.0, top_k=-1, max_new_tokens=max_new_tokens, seed=0)
+    )
     scored = score_batch("math_dapo", [g.text for g in greedy], [str(p.answer) for p in problems]).results
     model.train(was_training)
     return sum(bool(r["acc"]) for r in scored) / len(problems)
@@ -208,7 +174,7 @@ def evaluate_heldout(
     *,
     k: int,
     seed: int,
-    max_new_tokens: int = 64,
+    max_new_tokens: int,
     micro_batch_size: int = 256,
 ) -> dict[str, float]:
     """Greedy accuracy and k samples at T=1.0 per problem, scored by ``math_dapo``.
@@ -224,7 +190,7 @@ def evaluate_heldout(
     truths = [str(p.answer) for p in problems]
     greedy_acc = greedy_accuracy(model, tokenizer, problems, max_new_tokens=max_new_tokens, backend=backend)
     sampled = backend.generate(
-        prompts, SamplingConfig(n=k, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=seed)
+        prompts, SamplingConfig(n=k, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=max_new_tokens, seed=seed)
     )  # results[i * k + j]: sample j of problem i
     scored = score_batch("math_dapo", [s.text for s in sampled], [t for t in truths for _ in range(k)]).results
     acc = torch.tensor([bool(r["acc"]) for r in scored], dtype=torch.float32).view(len(problems), k)  # (B, k)
@@ -304,13 +270,12 @@ def warm_start_sets(
 ) -> tuple[list[SyntheticProblem], list[SyntheticProblem], set[str]]:
     """The warm start's held-out problems, its probe set (empty unless a target greedy accuracy is checked within
     its steps) and every question it never trains on: ``exclude``'s (normalised), the held-out and the probe ones."""
-    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, min_ops=ws.min_ops, max_ops=ws.max_ops)
+    ops = {"min_ops": ws.demos.min_ops, "max_ops": ws.demos.max_ops}
+    heldout = heldout_problems(ws.heldout_size, seed=ws.seed, exclude=exclude, **ops)
     banned = {normalize_question(q) for q in exclude} | {p.question for p in heldout}
     probe_set: list[SyntheticProblem] = []
     if ws.target_greedy_acc is not None and ws.check_from <= ws.steps:  # its own stream: held-out stays unbiased
-        probe_set = heldout_problems(
-            ws.probe_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, stream="probe"
-        )
+        probe_set = heldout_problems(ws.probe_size, seed=ws.seed, exclude=banned, stream="probe", **ops)
         banned |= {p.question for p in probe_set}
     return heldout, probe_set, banned
 
@@ -318,12 +283,7 @@ def warm_start_sets(
 def demonstration_batches(ws: WarmStartConfig, banned: Collection[str]) -> Iterator[list[SyntheticProblem]]:
     """The seeded stream of demonstration batches with the warm start's settings, none of them on a ``banned``
     question: the one stream the warm start and its supervised controls draw from."""
-    return sft_batches(
-        ws.batch_size, seed=ws.seed, exclude=banned, min_ops=ws.min_ops, max_ops=ws.max_ops, num_demos=ws.num_demos,
-        scarce_from_ops=ws.scarce_from_ops, scarce_demos=ws.scarce_demos, shortcut_frac=ws.shortcut_frac,
-        shortcut_style=ws.shortcut_style, run_on_frac=ws.run_on_frac, run_on_style=ws.run_on_style,
-        check_frac=ws.check_frac,
-    )  # fmt: skip
+    return sft_batches(ws.batch_size, ws.demos, seed=ws.seed, exclude=banned)
 
 
 def run_warm_start(
@@ -345,11 +305,7 @@ def run_warm_start(
     model, tokenizer = build_base_model(cfg, seed=ws.seed)
     model.to(resolve_device(cfg.trainer.device))  # type: ignore[arg-type]
     heldout, probe_set, banned = warm_start_sets(ws, exclude)
-    optim = OptimConfig(
-        lr=ws.lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=ws.warmup_steps,
-        scheduler="cosine", total_steps=ws.steps, min_lr_ratio=ws.min_lr_ratio,
-    )  # fmt: skip
-    trainer = PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
+    trainer = PolicyTrainer(model, ws.optim_config(), micro_batch_size=ws.micro_batch_size)
     batches = demonstration_batches(ws, banned)
     logger.info("warm start: %d steps x %d problems, lr %g, %d excluded", ws.steps, ws.batch_size, ws.lr, len(banned))
 

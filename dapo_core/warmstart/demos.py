@@ -2,7 +2,8 @@
 
 A problem never trained on stays that way: every set is drawn from its own seeded stream and honours an exclusion
 set of (normalised) questions. The demonstration stream is unlimited by default; ``sft_batches`` can limit it to a
-fixed set, make the hard part scarce, or show a share of bare answers (``base_model.*`` knobs). Prompt and target
+fixed set, make the hard part scarce, or give a share of it a habit (``base_model.demos``: ``DemosConfig``, which
+also checks the knobs' ranges). Prompt and target
 token ids use the ``tiny`` template through the chat template, as the curated RL prompts do.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import replace
 
 from transformers import PreTrainedTokenizerBase
 
+from dapo_core.config import DemosConfig
 from dapo_core.data.synthetic import SyntheticProblem, generate_problems
 from dapo_core.seeding import derive_seed
 
@@ -48,13 +50,13 @@ def heldout_problems(
     n: int,
     *,
     seed: int,
+    min_ops: int,
+    max_ops: int,
     exclude: Collection[str] = (),
-    min_ops: int = 1,
-    max_ops: int = 4,
     stream: str = "heldout",
 ) -> list[SyntheticProblem]:
-    """``n`` distinct problems from the ``stream`` ("heldout", or "probe" for the target check) of ``seed``,
-    none of them in ``exclude``."""
+    """``n`` distinct problems with ``min_ops`` to ``max_ops`` operations from the ``stream`` ("heldout", or
+    "probe" for the target check) of ``seed``, none of them in ``exclude``."""
     banned = {normalize_question(q) for q in exclude}
     out: list[SyntheticProblem] = []
     seen: set[str] = set()
@@ -69,7 +71,7 @@ def heldout_problems(
 
 
 def demonstration_set(
-    n: int, *, seed: int, exclude: Collection[str] = (), min_ops: int = 1, max_ops: int = 4
+    n: int, *, seed: int, min_ops: int, max_ops: int, exclude: Collection[str] = ()
 ) -> list[SyntheticProblem]:
     """The fixed set of ``n`` distinct demonstrations (worked solutions) a limited warm start may see: the first
     ``n`` distinct problems of the ``sft`` stream outside ``exclude``."""
@@ -95,14 +97,8 @@ def _with_scarce(
     exclude: Collection[str],
     max_ops: int,
 ) -> Iterator[SyntheticProblem]:
-    """``source`` with each problem of ``from_ops`` or more operations swapped for the next of a fixed pool."""
-    if from_ops > max_ops:
-        raise ValueError(f"scarce_from_ops ({from_ops}) must be <= max_ops ({max_ops}): no problem would be scarce")
-    if count < 1:
-        raise ValueError(
-            f"scarce_demos ({count}) must be >= 1 worked solutions of problems with >= {from_ops} operations "
-            "(to show none, lower max_ops instead)"
-        )
+    """``source`` with each problem of ``from_ops`` or more operations swapped for the next of a fixed pool of
+    ``count`` (``DemosConfig`` checks ``from_ops <= max_ops`` and ``count >= 1``)."""
     pool = heldout_problems(count, seed=seed, exclude=exclude, min_ops=from_ops, max_ops=max_ops, stream="sft_scarce")
     scarce = _epochs(pool, derive_seed(seed, "scarce"))
     for p in source:
@@ -112,7 +108,7 @@ def _with_scarce(
 SHORTCUT_STYLES = ("answer_only", "answer_first")
 
 
-def shortcut_demo(problem: SyntheticProblem, style: str = "answer_only") -> SyntheticProblem:
+def shortcut_demo(problem: SyntheticProblem, style: str) -> SyntheticProblem:
     """The same problem demonstrated with its answer given before (or without) the work.
 
     ``answer_only``: the response is the answer line alone. ``answer_first``: the answer line first, then the
@@ -126,16 +122,9 @@ def shortcut_demo(problem: SyntheticProblem, style: str = "answer_only") -> Synt
 
 
 def _with_shortcuts(
-    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str = "answer_only"
+    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str
 ) -> Iterator[SyntheticProblem]:
     """``source`` with a seeded share ``frac`` of its problems turned into shortcut demonstrations."""
-    if not 0.0 <= frac < 1.0:
-        raise ValueError(
-            f"shortcut_frac ({frac}) must be in [0, 1): the share of demonstrations that state the answer before (or "
-            "without) working it out (0 = every demonstration is worked out, answer last)"
-        )
-    if style not in SHORTCUT_STYLES:
-        raise ValueError(f"unknown shortcut_style {style!r}; valid: {', '.join(SHORTCUT_STYLES)}")
     rng = random.Random(derive_seed(seed, "shortcut"))
     for p in source:
         yield shortcut_demo(p, style) if rng.random() < frac else p
@@ -144,7 +133,7 @@ def _with_shortcuts(
 RUN_ON_STYLES = ("worked", "answer_only")
 
 
-def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem, style: str = "worked") -> SyntheticProblem:
+def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem, style: str) -> SyntheticProblem:
     """``problem`` demonstrated as a worksheet goes on: after its answer line come the next question (in the prompt
     template) and that question's worked solution (``worked``) or only its answer line (``answer_only``). The
     scorer reads the last answer line, so a policy that writes this is scored on the wrong question (or runs into
@@ -160,16 +149,9 @@ def run_on_demo(problem: SyntheticProblem, following: SyntheticProblem, style: s
 
 
 def _with_run_ons(
-    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str = "worked"
+    source: Iterator[SyntheticProblem], frac: float, *, seed: int, style: str
 ) -> Iterator[SyntheticProblem]:
     """``source`` with a seeded share ``frac`` of its problems going on to the problem that follows them."""
-    if not 0.0 <= frac < 1.0:
-        raise ValueError(
-            f"run_on_frac ({frac}) must be in [0, 1): the share of demonstrations that go on to the next problem "
-            "after their answer line (0 = every demonstration stops after its answer)"
-        )
-    if style not in RUN_ON_STYLES:
-        raise ValueError(f"unknown run_on_style {style!r}; valid: {', '.join(RUN_ON_STYLES)}")
     rng = random.Random(derive_seed(seed, "run_on"))
     for p in source:
         yield run_on_demo(p, next(source), style) if rng.random() < frac else p
@@ -201,33 +183,16 @@ def check_demo(problem: SyntheticProblem) -> SyntheticProblem:
 
 def _with_checks(source: Iterator[SyntheticProblem], frac: float, *, seed: int) -> Iterator[SyntheticProblem]:
     """``source`` with a seeded share ``frac`` of its problems demonstrated with check lines (``check_demo``)."""
-    if not 0.0 <= frac < 1.0:
-        raise ValueError(
-            f"check_frac ({frac}) must be in [0, 1): the share of demonstrations that check each worked line before "
-            "their answer line (0 = no demonstration checks)"
-        )
     rng = random.Random(derive_seed(seed, "check"))
     for p in source:
         yield check_demo(p) if rng.random() < frac else p
 
 
 def sft_batches(
-    batch_size: int,
-    *,
-    seed: int,
-    exclude: Collection[str] = (),
-    min_ops: int = 1,
-    max_ops: int = 4,
-    num_demos: int | None = None,
-    scarce_from_ops: int | None = None,
-    scarce_demos: int = 0,
-    shortcut_frac: float = 0.0,
-    shortcut_style: str = "answer_only",
-    run_on_frac: float = 0.0,
-    run_on_style: str = "worked",
-    check_frac: float = 0.0,
+    batch_size: int, demos: DemosConfig, *, seed: int, exclude: Collection[str] = ()
 ) -> Iterator[list[SyntheticProblem]]:
-    """Endless seeded batches of training problems; questions in ``exclude`` (normalised) never appear.
+    """Endless seeded batches of training problems as ``demos`` (``base_model.demos``) describes them; questions
+    in ``exclude`` (normalised) never appear. Each problem has ``min_ops`` to ``max_ops`` operations.
 
     ``num_demos`` None: a fresh problem every time (an unlimited supply of demonstrations). ``num_demos`` N: the
     fixed ``demonstration_set`` of N problems, cycled in seeded epochs (a limited supply, as in the paper's
@@ -249,22 +214,21 @@ def sft_batches(
     ``check_frac`` c: a seeded share c of the (worked) demonstrations check each worked line before the answer line
     (``check_demo``): their length is a choice the policy inherits, and with checks hard problems pass the length
     limit. Applied before shortcuts and run-ons."""
-    if num_demos is not None:
-        if num_demos < 1:
-            raise ValueError(f"num_demos ({num_demos}) must be >= 1 demonstrations, or null for an unlimited stream")
-        pool = demonstration_set(num_demos, seed=seed, exclude=exclude, min_ops=min_ops, max_ops=max_ops)
+    d = demos
+    if d.num_demos is not None:
+        pool = demonstration_set(d.num_demos, seed=seed, exclude=exclude, min_ops=d.min_ops, max_ops=d.max_ops)
         source: Iterator[SyntheticProblem] = _epochs(pool, seed)
     else:
         banned = {normalize_question(q) for q in exclude}
-        source = (p for p in _stream(seed, "sft", min_ops, max_ops) if p.question not in banned)
-    if scarce_from_ops is not None:
-        source = _with_scarce(source, scarce_from_ops, scarce_demos, seed=seed, exclude=exclude, max_ops=max_ops)
-    if check_frac > 0:
-        source = _with_checks(source, check_frac, seed=seed)
-    if shortcut_frac > 0:
-        source = _with_shortcuts(source, shortcut_frac, seed=seed, style=shortcut_style)
-    if run_on_frac > 0:
-        source = _with_run_ons(source, run_on_frac, seed=seed, style=run_on_style)
+        source = (p for p in _stream(seed, "sft", d.min_ops, d.max_ops) if p.question not in banned)
+    if d.scarce_from_ops is not None:
+        source = _with_scarce(source, d.scarce_from_ops, d.scarce_demos, seed=seed, exclude=exclude, max_ops=d.max_ops)
+    if d.check_frac > 0:
+        source = _with_checks(source, d.check_frac, seed=seed)
+    if d.shortcut_frac > 0:
+        source = _with_shortcuts(source, d.shortcut_frac, seed=seed, style=d.shortcut_style)
+    if d.run_on_frac > 0:
+        source = _with_run_ons(source, d.run_on_frac, seed=seed, style=d.run_on_style)
     batch: list[SyntheticProblem] = []
     for p in source:
         batch.append(p)

@@ -3,11 +3,12 @@
 RL must beat these to matter: the same base model, the same time, spent on more supervised training instead of
 DAPO. Two controls: ``sft-control`` continues on the warm start's own demonstrations, habits included (the paper's
 situation: no better demonstrations exist); ``sft-control-clean`` (``clean=True``) on clean ones, which stop at
-their answer line (where such demonstrations exist, it is the control to beat). The control sees exactly the demonstrations the warm start had —
-it continues the warm start's own seeded stream after the batches the warm start used, so a scarce part of the
-task (``scarce_from_ops``) keeps its fixed few worked solutions and a limited set (``num_demos``) stays that set —
-at the lr the warm start's schedule ended on (``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks
-where along that stream it continues (``stream_offset``): seed 1 right after the warm start, later seeds further on.
+their answer line (where such demonstrations exist, it is the control to beat). The control sees exactly the
+demonstrations the warm start had — it continues the warm start's own seeded stream after the batches the warm
+start used, so a scarce part of the task (``demos.scarce_from_ops``) keeps its fixed few worked solutions and a
+limited set (``demos.num_demos``) stays that set — at the lr the warm start's schedule ended on
+(``lr * min_lr_ratio``), after a short linear warm-up. Its seed picks where along that stream it continues
+(``stream_offset``): seed 1 right after the warm start, later seeds further on.
 
     result = continue_warm_start(cfg, ws, "outputs/base_model", time_budget_s=180, exclude=curated_questions)
     result.model  # evaluate it like any policy
@@ -22,7 +23,7 @@ import itertools
 import logging
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -31,15 +32,15 @@ from dapo_core.config import DapoConfig
 from dapo_core.data.synthetic import SyntheticProblem
 from dapo_core.engines.batch import build_policy_batch
 from dapo_core.engines.models import load_model, resolve_device, save_hf_dir
-from dapo_core.engines.sft import (
+from dapo_core.engines.tokenizer import load_tokenizer
+from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
+from dapo_core.warmstart.sft import (
     WarmStartConfig,
     demonstration_batches,
     prompt_ids,
     response_ids,
     warm_start_sets,
 )
-from dapo_core.engines.tokenizer import load_tokenizer
-from dapo_core.engines.trainer import OptimConfig, PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ def clean_settings(ws: WarmStartConfig) -> WarmStartConfig:
     """``ws`` with clean demonstrations: each one works its problem and stops at its answer line (no run-on to a
     next question, no answer stated before the work). What the task covers (operation counts, the scarce and
     limited sets of worked solutions) stays as configured: clean is about how demonstrations end, not which exist."""
-    return replace(ws, run_on_frac=0.0, shortcut_frac=0.0)
+    clean = ws.demos.model_copy(update={"run_on_frac": 0.0, "shortcut_frac": 0.0})  # in range: nothing to check
+    return ws.model_copy(update={"demos": clean})
 
 
 def stream_offset(ws: WarmStartConfig, seed: int) -> int:
@@ -179,7 +181,7 @@ def _load_trainer(
     tokenizer = load_tokenizer(str(base_dir))
     optim = OptimConfig(
         lr=lr, weight_decay=ws.weight_decay, grad_clip=ws.grad_clip, warmup_steps=CONTROL_WARMUP_STEPS,
-        scheduler="constant", total_steps=max_steps or 1,
+        scheduler="constant", total_steps=max_steps or 1, min_lr_ratio=0.0, betas=None,
     )  # fmt: skip
     return model, tokenizer, PolicyTrainer(model, optim, micro_batch_size=ws.micro_batch_size)
 
