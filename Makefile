@@ -25,7 +25,7 @@ NO_MKDOCS_2_WARNING ?= 1
 include env.mk
 export
 
-.PHONY: run test ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
+.PHONY: run check test ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,13 @@ test: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/mkdocs build --strict
 	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
+
+# the edit-test loop: lint, then the unit and property tests (tests/conftest.py's CHECK_TIER), ~2 minutes on 2 cores;
+# `make test` runs everything (what CI runs)
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -m "check and not slow and not vllm" -q --durations=10 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -62,8 +62,32 @@ for key, value in {
     os.environ.setdefault(key, value)
 
 
+# `make check`'s tier: the unit and property tests of these files (their tests not marked slow), ~2 minutes with
+# ruff on 2 cores; measured with `pytest --durations=0`, files whose non-slow tests take a few seconds at most, and
+# none that starts Prefect, MLflow, Ray or a training run. `make test` runs everything.
+CHECK_TIER = frozenset(
+    {
+        "test_ablation_journal.py", "test_algorithm_loss.py", "test_algorithm_parts.py", "test_checkpoint_executor.py",
+        "test_cli.py", "test_config.py", "test_data_card.py", "test_data_curate.py", "test_data_loaders.py",
+        "test_data_schema.py", "test_data_templates.py", "test_demonstrations.py", "test_engine_settings.py",
+        "test_evaluation_metrics.py", "test_evaluation_runner.py", "test_function_length.py", "test_log_prob_memory.py",
+        "test_models.py", "test_objectives.py", "test_plan.py", "test_readme.py", "test_rewards.py",
+        "test_rewards_properties.py", "test_rollout_correction.py", "test_rollout_hf.py", "test_rollout_static.py",
+        "test_self_contained.py", "test_stage_params.py", "test_synthetic.py", "test_trainer.py",
+        "test_training_step.py", "test_trl_settings.py", "test_update_direction.py", "test_weight_buckets.py",
+    }
+)  # fmt: skip
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` run only where CUDA is available (and are reported as skipped elsewhere)."""
+    """``check`` marks the tests of CHECK_TIER's files (a name there that no longer exists fails the run, so a
+    rename cannot shrink the tier unnoticed); tests marked ``gpu`` run only where CUDA is available."""
+    missing = sorted(name for name in CHECK_TIER if not (Path(__file__).parent / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py CHECK_TIER names missing test files: {', '.join(missing)}")
+    for item in items:
+        if item.path.name in CHECK_TIER and item.path.parent == Path(__file__).parent:
+            item.add_marker(pytest.mark.check)
     import torch
 
     if torch.cuda.is_available():
