@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_core.config.ablation import CONTROL_RUNGS, SFT_CONTROL
+from dapo_core.training.plots import save_figure
 
 
 def plot_ablation(results: Mapping[str, Any], out_path: str | Path) -> Path:
@@ -40,9 +41,4 @@ def plot_ablation(results: Mapping[str, Any], out_path: str | Path) -> Path:
     axes.flat[0].set_ylabel(f"validation avg@{curve_k} during training (mean over seeds)")
     fig.text(0.01, 0.01, f"horizontal lines: final scores, avg@{k}", fontsize=7)
     fig.suptitle("DAPO ablation ladder")
-    fig.tight_layout()
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)

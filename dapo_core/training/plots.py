@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 PANELS: tuple[tuple[str, str], ...] = (
     ("response_length/mean", "mean response length"),
@@ -13,6 +14,18 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("train/acc/mean", "train accuracy"),
     ("val", "validation avg@k"),
 )
+
+
+def save_figure(fig: Any, out_path: str | Path) -> Path:
+    """Lay out ``fig``, write it as a PNG at ``out_path`` (its folder created), close it; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
 
 def plot_training_dynamics(
@@ -43,9 +56,4 @@ def plot_training_dynamics(
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(out_path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_path)
