@@ -79,12 +79,54 @@ CHECK_TIER = frozenset(
 )  # fmt: skip
 
 
+# `make test` runs the suite on pytest-xdist workers, a test file per worker at a time (--dist loadfile, so a
+# module's fixtures are built once); the slowest files go first, so that none of them starts last and keeps the
+# run waiting on it alone. Ordered by their time in a full run (`pytest --durations=0`, summed per file), longest
+# first; the other files keep pytest's order after them.
+SLOW_FIRST = (
+    "reliability/test_crash_points_ray.py",
+    "test_ablation.py",
+    "test_overlap.py",
+    "test_train_flow.py",
+    "reliability/test_crash_points.py",
+    "test_distributed_ray.py",
+    "test_overfit.py",
+    "test_serve.py",
+    "test_rollout_procs.py",
+    "reliability/test_tracking_outage.py",
+    "test_fsdp.py",
+    "test_console_output.py",
+    "test_ui_browser.py",
+    "reliability/test_scorer_fuzz.py",
+    "test_gpu_check.py",
+    "reliability/test_resume_edges.py",
+    "test_ui_cli.py",
+    "reliability/test_kill_leaves_nothing.py",
+    "reliability/test_resume_remote_tracking.py",
+    "test_data_dvc.py",
+    "test_distributed_cluster.py",
+    "test_base_model.py",
+    "test_readme.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     """``check`` marks the tests of CHECK_TIER's files (a name there that no longer exists fails the run, so a
-    rename cannot shrink the tier unnoticed); tests marked ``gpu`` run only where CUDA is available."""
-    missing = sorted(name for name in CHECK_TIER if not (Path(__file__).parent / name).is_file())
+    rename cannot shrink the tier unnoticed); SLOW_FIRST's files are moved to the front; tests marked ``gpu`` run
+    only where CUDA is available."""
+    here = Path(__file__).parent
+    missing = sorted(name for name in CHECK_TIER | set(SLOW_FIRST) if not (here / name).is_file())
     if missing:
-        raise pytest.UsageError(f"tests/conftest.py CHECK_TIER names missing test files: {', '.join(missing)}")
+        raise pytest.UsageError(
+            f"tests/conftest.py CHECK_TIER or SLOW_FIRST names missing test files: {', '.join(missing)}"
+        )
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+
+    def order(item: pytest.Item) -> int:
+        name = item.path.relative_to(here).as_posix() if item.path.is_relative_to(here) else ""
+        return rank.get(name, len(rank))
+
+    items.sort(key=order)  # stable: the other files keep their order
     for item in items:
         if item.path.name in CHECK_TIER and item.path.parent == Path(__file__).parent:
             item.add_marker(pytest.mark.check)
