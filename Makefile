@@ -13,7 +13,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 UV_PIN ?= uv==0.13.9
-UV = $(BIN)/uv pip install -q
+UV = $(BIN)/uv pip install -q --compile-bytecode
 # a local wheel folder pip is told about (PIP_FIND_LINKS) serves uv too
 FIND_LINKS = $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
 PYTEST_ARGS ?=
@@ -34,7 +34,7 @@ export
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@# uv installs the tested set in about a minute where pip took about four (docs/development.md, "Set-up")
+	@# uv installs the tested set in about a minute where pip took four (docs/development.md, "Set-up and the test run")
 	$(BIN)/python -m pip install -q "$(UV_PIN)"
 	# torch first, pinned, so the CPU build on local disk is used (a looser pin pulls a multi-GB CUDA build).
 	$(UV) --python $(BIN)/python $(FIND_LINKS) "$(TORCH_PIN)"
