@@ -30,7 +30,7 @@ NO_MKDOCS_2_WARNING ?= 1
 include env.mk
 export
 
-.PHONY: run check test ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
+.PHONY: run check test test-vllm ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,11 +74,15 @@ screenshots: $(STAMP)
 # the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh);
 # the docs build is strict: a broken link or include, or a docs page missing from mkdocs.yml's nav, fails the test
 # (not --quiet: it hides the warnings that --strict counts, and a broken build would pass)
-test: $(STAMP) $(VLLM_STAMP)
+# the two pytest runs go side by side (scripts/test_tiers.sh): the vllm tier, with its venv, in the background
+test: $(STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
 	$(BIN)/mkdocs build --strict
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not vllm" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	@scripts/test_tiers.sh
+
+# the vllm-marked tests alone, in .venv-vllm
+test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -m vllm $(PYTEST_ARGS)
 
 # the edit-test loop: lint, then the unit and property tests (tests/conftest.py's CHECK_TIER), ~2 minutes on 2 cores;
