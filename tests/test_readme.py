@@ -93,14 +93,25 @@ def test_readme_two_commands_exist_in_makefile():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
+def _recipe(target: str) -> list[str]:
+    recipe = re.search(rf"^{target}:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe, f"the Makefile has no {target} target"
+    return recipe.group(1).splitlines()
+
+
 def test_make_test_builds_the_docs_strictly_before_pytest():
-    recipe = re.search(r"^test:.*?\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
-    assert recipe, "the Makefile has no test target"
-    steps = recipe.group(1).splitlines()
+    steps = _recipe("test")
     docs = [i for i, s in enumerate(steps) if "mkdocs build" in s]
-    tests = [i for i, s in enumerate(steps) if "pytest" in s]
+    tests = [i for i, s in enumerate(steps) if "pytest" in s or "scripts/test_tiers.sh" in s]
     assert docs and tests and docs[0] < tests[0], steps
     assert "--strict" in steps[docs[0]] and "--quiet" not in steps[docs[0]], steps[docs[0]]  # -q hides the warnings
+    # the script runs both tiers: the .venv tests, and the vllm-marked ones through `make test-vllm`
+    script = [
+        line for line in (ROOT / "scripts" / "test_tiers.sh").read_text().splitlines() if not line.startswith("#")
+    ]
+    assert any("-m pytest" in line and '-m "not vllm"' in line for line in script), script
+    assert any("make" in line and "test-vllm" in line for line in script), script
+    assert any("pytest -m vllm" in step for step in _recipe("test-vllm"))
 
 
 def test_documented_dapo_commands_run():
