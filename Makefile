@@ -74,7 +74,7 @@ screenshots: $(STAMP)
 # the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh);
 # the docs build is strict: a broken link or include, or a docs page missing from mkdocs.yml's nav, fails the test
 # (not --quiet: it hides the warnings that --strict counts, and a broken build would pass)
-# the two pytest runs go side by side (scripts/test_tiers.sh): the vllm tier, with its venv, in the background
+# the two pytest runs (scripts/test_tiers.sh): the .venv tests, then the vllm tier (its venv built meanwhile)
 test: $(STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/ruff check .
