@@ -5,12 +5,15 @@ command (Ray's GCS, raylet, workers, actors) outlives it.
 
 Under Ray the checkpoint is written by trainer rank 0 (an actor): the ``checkpoint`` fault kills that rank mid-write,
 and a SIGKILL from outside kills a rank while its peer waits for it; either way the command stops with one error
-line naming the dead rank and saying to resume (exit 2). The other four faults kill the command itself. One chain
-instead of separate runs keeps this to a few Ray runs' worth of steps:
+line naming the dead rank and saying to resume (exit 2). The other four faults kill the command itself (the driver):
+``rollout``, ``update`` and ``between-steps`` strike in the same driver process as on the local executor, at other
+points of its step, and tests/reliability/test_crash_points.py resumes from each of them; here the driver is killed
+once (``logging``, the point that leaves the most to make good: held metrics half flushed), which is what Ray adds to
+check: its processes go with the driver and a resume starts both ranks from the checkpoint. One chain instead of
+separate runs keeps this to four Ray commands:
 
-    rollout@3 -> checkpoint@4 (rank 0) -> a rank SIGKILLed in step 5 -> update@5 -> between-steps@5 -> logging@6
-    -> the resume that finishes (no step left: it flushes the held metrics again, writes the final model and ends
-    the MLflow run)
+    checkpoint@4 (rank 0 mid-write) -> a rank SIGKILLed in step 5 -> logging@6 -> the resume that finishes (no step
+    left: it flushes the held metrics again, writes the final model and ends the MLflow run)
 
 A step's metrics are held until the checkpoint covering it is written and logged right after it
 (tasks/train_logging.py HeldMetrics), so the ``logging`` fault strikes after the step-6 checkpoint is complete,
@@ -30,6 +33,7 @@ from pathlib import Path
 import psutil
 import pytest
 from crash_harness import REPO, assert_same_run, command, final_state, history, train
+from test_crash_points import CHAIN as LOCAL_CHAIN
 
 from dapo_core.engines.checkpoint import COMPLETE_MARKER, list_checkpoints
 from dapo_core.faults import POINTS
@@ -44,13 +48,12 @@ RAY = (
 KILL_RANK = "a trainer rank SIGKILLed from outside"
 # (what strikes, the command's exit code, the complete checkpoints after it; the tiny recipe keeps the newest 2)
 CHAIN = [
-    ("rollout@3", -signal.SIGKILL, [2]),
     ("checkpoint@4", 2, [2]),  # rank 0 dies mid-write: the driver reports it and stops
     (KILL_RANK, 2, [2, 4]),  # once step 4 is saved, mid-step 5: its peer is left waiting for it
-    ("update@5", -signal.SIGKILL, [2, 4]),
-    ("between-steps@5", -signal.SIGKILL, [2, 4]),  # step 5 done, its metrics held: redone from step 4
-    ("logging@6", -signal.SIGKILL, [4, 6]),  # the last step saved, its held metrics half flushed, no final model
+    ("logging@6", -signal.SIGKILL, [4, 6]),  # the driver: the last step saved, its held metrics half flushed
 ]
+# the points that kill the driver at other places in its step: the same process as on the local executor
+DRIVER_ONLY = ("rollout", "update", "between-steps")
 MARK = "DAPO_TEST_RAY_CHAIN"  # set in each command's environment: every process it starts inherits it
 
 
@@ -126,8 +129,16 @@ def straight_ray(tmp_path_factory, prefect_api):
     return history(root), final_state(root)
 
 
-def test_ray_run_killed_at_every_point_in_turn_resumes_to_the_uninterrupted_result(straight_ray, tmp_path, prefect_api):
-    assert {f.partition("@")[0] for f, _, _ in CHAIN if f != KILL_RANK} == set(POINTS)
+def test_ray_run_killed_by_a_rank_and_a_driver_fault_in_turn_resumes_to_the_uninterrupted_result(
+    straight_ray, tmp_path, prefect_api
+):
+    assert {f.partition("@")[0] for f, _, _ in CHAIN if f != KILL_RANK} | set(DRIVER_ONLY) == set(POINTS)
+    # ... which holds while those strike in the driver's code (flows/) only, and the local chain kills at each
+    for point in DRIVER_ONLY:
+        sources = [p for pkg in ("dapo_core", "tasks", "flows") for p in (REPO / pkg).rglob("*.py")]
+        calls = [p for p in sources if f'fault_point("{point}"' in p.read_text()]
+        assert calls and all(p.relative_to(REPO).parts[0] == "flows" for p in calls), (point, calls)
+        assert any(f.startswith(f"{point}@") for f, _ in LOCAL_CHAIN), point
     ckpts = tmp_path / "outputs" / "t" / "checkpoints"
     for i, (what, code, complete) in enumerate(CHAIN):
         mark = uuid.uuid4().hex
