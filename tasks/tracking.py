@@ -55,8 +55,8 @@ DEFAULT_MLFLOW_UI_URL = "http://127.0.0.1:5000"
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 
-def _artifact_uri(location: str) -> str:
-    if "://" in location or location.startswith("file:"):
+def _artifact_uri(location: str | None) -> str | None:
+    if location is None or "://" in location or location.startswith("file:"):
         return location
     return Path(location).expanduser().resolve().as_uri()
 

@@ -454,3 +454,15 @@ def test_inherit_of_a_missing_recipe_names_the_inheriting_file(tmp_path):
     path = write(tmp_path / "c.yaml", "inherit: tiny-dapoo\n")
     with pytest.raises(FileNotFoundError, match=rf"{path}: inherit: recipe 'tiny-dapoo' not found \(did you mean"):
         load_config(path, env={})
+
+
+def test_new_experiments_keep_artifacts_beside_a_local_store_and_on_a_tracking_server():
+    from dapo_core.config import resolved_artifact_location
+
+    local = load_config(recipe="tiny-dapo", env={})
+    assert resolved_artifact_location(local) == "./mlartifacts"
+    # a server decides (its served root): a local path here would leave the artifacts on the machine that logs
+    served = load_config(recipe="tiny-dapo", env={"MLFLOW_TRACKING_URI": "http://tracking.test:5000"})
+    assert resolved_artifact_location(served) is None
+    chosen = load_config(recipe="tiny-dapo", overrides=["tracking.artifact_location=s3://b/p"], env={})
+    assert resolved_artifact_location(chosen) == "s3://b/p"

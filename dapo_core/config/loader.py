@@ -35,7 +35,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = "params.yaml"
 PACKAGE_RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
-ENV_OVERRIDES: dict[str, str] = {"MLFLOW_TRACKING_URI": "tracking.uri", "RAY_ADDRESS": "resources.ray_address"}
+# the environment a `make stack` worker (or a shell after `eval "$(dapo stack env)"`) gives every run
+ENV_OVERRIDES: dict[str, str] = {
+    "MLFLOW_TRACKING_URI": "tracking.uri",
+    "RAY_ADDRESS": "resources.ray_address",
+    "DAPO_EXECUTOR": "resources.executor",
+}
 INHERIT_KEY = "inherit"
 M = TypeVar("M", bound=BaseModel)
 

@@ -184,7 +184,9 @@ class TrackingConfig(_Section):
         default=None, description=f"MLflow tracking URI; null -> {DEFAULT_TRACKING_URI} (env MLFLOW_TRACKING_URI)."
     )
     artifact_location: str | None = Field(
-        default=None, description=f"MLflow artifact root for new experiments; null -> {DEFAULT_ARTIFACT_LOCATION}."
+        default=None,
+        description=f"MLflow artifact root for new experiments; null -> {DEFAULT_ARTIFACT_LOCATION} beside a local "
+        "store, the server's own root (e.g. served by it: mlflow-artifacts:/) with an http(s) tracking URI.",
     )
     experiment: str = Field(default="dapo-flow", description="MLflow experiment name.")
     run_name: str | None = Field(
@@ -309,9 +311,14 @@ def resolved_tracking_uri(cfg: DapoConfig) -> str:
     return cfg.tracking.uri or DEFAULT_TRACKING_URI
 
 
-def resolved_artifact_location(cfg: DapoConfig) -> str:
-    """`tracking.artifact_location`, or `./mlartifacts`."""
-    return cfg.tracking.artifact_location or DEFAULT_ARTIFACT_LOCATION
+def resolved_artifact_location(cfg: DapoConfig) -> str | None:
+    """`tracking.artifact_location`; else None with a tracking server (http(s), databricks: the server's own
+    artifact root, so the artifacts reach it, e.g. through `--serve-artifacts`), else `./mlartifacts`."""
+    if cfg.tracking.artifact_location:
+        return cfg.tracking.artifact_location
+    if resolved_tracking_uri(cfg).startswith(("http://", "https://", "databricks")):
+        return None
+    return DEFAULT_ARTIFACT_LOCATION
 
 
 def resolved_max_new_tokens(cfg: DapoConfig) -> int:
