@@ -20,6 +20,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for `make test`, each on one torch thread (tests/conftest.py SLOW_FIRST says how files are dealt)
 TEST_WORKERS ?= 2
 BENCH_ARGS ?=
+STACK_ARGS ?=
 UI_HOST ?= 127.0.0.1
 PREFECT_PORT ?= 4200
 MLFLOW_PORT ?= 5000
@@ -30,7 +31,7 @@ NO_MKDOCS_2_WARNING ?= 1
 include env.mk
 export
 
-.PHONY: run check test test-vllm ui ui-stop docs screenshots lint format bench clean-venv vllm-venv
+.PHONY: run check test test-vllm ui ui-stop stack stack-stop docs screenshots lint format bench clean-venv vllm-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,6 +61,16 @@ ui: $(STAMP)
 # no $(STAMP): stopping must not reinstall anything
 ui-stop:
 	@if test -x $(BIN)/dapo; then $(BIN)/dapo ui stop; else echo "no $(BIN)/dapo: nothing was started by make ui"; fi
+
+# the team topology on this machine (flows/services/stack.py, docs/team-stack.md): PostgreSQL (Debian's package,
+# installed where missing), MLflow and Prefect servers on it, the work pool and its deployments, a worker, a Ray head,
+# a DVC remote; logs, PIDs and data in outputs/stack/. Other ports: make stack STACK_ARGS="--mlflow-port 5101"
+stack: $(STAMP)
+	@scripts/ensure_postgres.sh
+	$(BIN)/dapo stack start $(STACK_ARGS)
+
+stack-stop:
+	@if test -x $(BIN)/dapo; then $(BIN)/dapo stack stop; else echo "no $(BIN)/dapo: nothing was started by make stack"; fi
 
 docs: $(STAMP)
 	$(BIN)/mkdocs serve --dev-addr $(DOCS_ADDR)

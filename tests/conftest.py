@@ -85,6 +85,7 @@ CHECK_TIER = frozenset(
 # first; the other files keep pytest's order after them.
 SLOW_FIRST = (
     "reliability/test_crash_points_ray.py",
+    "test_stack.py",
     "test_ablation.py",
     "test_overlap.py",
     "test_train_flow.py",

@@ -51,7 +51,7 @@ app.add_typer(config_app, name="config")
 
 
 # commands whose subprocesses (Prefect's temporary server, Ray, engines) must not outlive them (flows/services/reaper.py);
-# not `ui`, whose servers run on in the background by design
+# not `ui` or `stack`, whose servers run on in the background by design
 REAPED_COMMANDS = frozenset({"train", "pipeline", "ablation", "evaluate", "base-model", "curate", "data", "serve"})
 
 
@@ -102,9 +102,9 @@ def _register_commands() -> None:
     """Commands that start flows live in their own modules (flows/cli/*.py) and import Prefect lazily; the stage
     commands (curate, base-model, train, evaluate, pipeline, ablation) take their options from
     flows/stage_params.py, as the Prefect deployments take their form."""
-    from flows.cli import ablation, base_model, bench, data, evaluate, pipeline, plan, serve, train, ui
+    from flows.cli import ablation, base_model, bench, data, evaluate, pipeline, plan, serve, stack, train, ui
 
-    for module in (data, base_model, train, evaluate, pipeline, ablation, serve, ui, bench, plan):
+    for module in (data, base_model, train, evaluate, pipeline, ablation, serve, ui, stack, bench, plan):
         module.register(app)
 
 

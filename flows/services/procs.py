@@ -53,8 +53,10 @@ def recorded_process(state_dir: str | Path, name: str) -> psutil.Process | None:
         return None
 
 
-def launch(state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, str]) -> psutil.Process:
-    """Start ``cmd`` in its own session, logging to ``log_file`` and recording its PID in ``pid_file``."""
+def launch(
+    state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | None = None
+) -> psutil.Process:
+    """Start ``cmd`` (in ``cwd``) in its own session, logging to ``log_file`` and recording its PID in ``pid_file``."""
     log = log_file(state_dir, name).open("w", encoding="utf-8")
     with log:
         popen = subprocess.Popen(
@@ -63,6 +65,7 @@ def launch(state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, 
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             start_new_session=True,  # its own process group: `dapo ui stop` signals exactly it and its children
         )
     pid_file(state_dir, name).write_text(f"{popen.pid}\n")
