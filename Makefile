@@ -82,12 +82,14 @@ screenshots: $(STAMP)
 	@scripts/ensure_chromium.sh
 	$(BIN)/python scripts/ui_screenshots.py --out docs/img
 
-# the browser test's Chromium: Debian's package, installed with apt-get where missing (scripts/ensure_chromium.sh);
+# the browser test's Chromium and the stack test's PostgreSQL: Debian's packages, installed with apt-get where missing
+# (scripts/ensure_chromium.sh, scripts/ensure_postgres.sh);
 # the docs build is strict: a broken link or include, or a docs page missing from mkdocs.yml's nav, fails the test
 # (not --quiet: it hides the warnings that --strict counts, and a broken build would pass)
 # the two pytest runs (scripts/test_tiers.sh): the .venv tests, then the vllm tier (its venv built meanwhile)
 test: $(STAMP)
 	@scripts/ensure_chromium.sh
+	@scripts/ensure_postgres.sh || echo "make test: no PostgreSQL server: the stack test will skip (fail in CI)"
 	$(BIN)/ruff check .
 	$(BIN)/mkdocs build --strict
 	@scripts/test_tiers.sh
