@@ -306,6 +306,9 @@ def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings
     return s
 
 
+RAY_GRACE_S = 2.0  # `ray start --block`, its GCS and raylet outlast a SIGTERM; the head keeps nothing to save
+
+
 def _stop_one(s: StackSettings, name: str, proc: psutil.Process) -> None:
     if name == "postgres" and s.cluster.initialised():
         try:
@@ -313,7 +316,7 @@ def _stop_one(s: StackSettings, name: str, proc: psutil.Process) -> None:
                 return
         except PostgresError:
             pass
-    stop_process(proc)
+    stop_process(proc, **({"grace_s": RAY_GRACE_S} if name == "ray" else {}))
 
 
 def _stop_started(s: StackSettings, started: dict[str, psutil.Process]) -> None:
