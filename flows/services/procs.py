@@ -1,4 +1,5 @@
-"""Background processes of ``dapo ui``: PID and log files, and stopping a process group.
+"""Background processes of ``dapo ui`` and ``dapo stack``: PID and log files, waiting until they answer, and
+stopping a process group.
 
 Each process runs in its own session (process group), logs to ``<state_dir>/<name>.log`` and has its PID in
 ``<state_dir>/<name>.pid``. A PID file whose process is gone, or whose PID now belongs to a process younger than
@@ -12,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -92,3 +93,44 @@ def stop_process(proc: psutil.Process, grace_s: float = GRACE_S) -> None:
             time.sleep(0.2)
         if not any(alive(p) for p in family):
             return
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of a log, indented, for an error message."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
+
+
+def wait_ready(
+    ready: Callable[[], bool],
+    name: str,
+    started: Mapping[str, psutil.Process],
+    *,
+    state_dir: str | Path,
+    labels: Mapping[str, str],
+    what: str,
+    timeout_s: float,
+    command: str,
+    error: type[Exception],
+) -> None:
+    """Poll ``ready()`` until it holds. A started process that exits meanwhile, or the timeout, raises ``error``
+    with the last lines of the log concerned and what to do (``command``: how the user starts it again)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for other, proc in started.items():
+            if not alive(proc):
+                log = log_file(state_dir, other)
+                raise error(
+                    f"{labels[other]} exited while starting; last lines of {log}:\n{log_tail(log)}\n"
+                    f"Fix the cause above, then `{command}` again (what was started has been stopped)"
+                )
+        if time.monotonic() > deadline:
+            log = log_file(state_dir, name)
+            raise error(
+                f"{labels[name]} did not become ready within {timeout_s:.0f}s ({what}); last lines of {log}:\n"
+                f"{log_tail(log)}\nFix the cause above, or wait longer: {command} --timeout {2 * timeout_s:.0f}"
+            )
+        time.sleep(0.5)

@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,8 +30,8 @@ from pathlib import Path
 import psutil
 
 from flows.services.postgres import Cluster, PostgresError
-from flows.services.procs import alive, launch, log_file, pid_file, recorded_process, stop_process
-from flows.services.ui import _http, _tail, port_in_use
+from flows.services.procs import launch, log_file, log_tail, pid_file, recorded_process, stop_process, wait_ready
+from flows.services.ui import http_request, port_in_use
 
 STATE_FILE = "stack.json"
 START_ORDER = ("postgres", "mlflow", "prefect", "ray", "worker")
@@ -150,11 +149,11 @@ def _commands(s: StackSettings) -> dict[str, tuple[list[str], dict[str, str], st
 
 
 def _ray_answers(s: StackSettings) -> bool:
-    return _http(f"{s.dashboard_url}/api/version")[0] == 200
+    return http_request(f"{s.dashboard_url}/api/version")[0] == 200
 
 
 def _worker_online(s: StackSettings) -> bool:
-    code, text = _http(f"{s.prefect_api}/work_pools/{s.pool}/workers/filter", {})
+    code, text = http_request(f"{s.prefect_api}/work_pools/{s.pool}/workers/filter", {})
     return code == 200 and any(w.get("status") == "ONLINE" for w in json.loads(text))
 
 
@@ -162,8 +161,8 @@ def checks(s: StackSettings) -> dict[str, tuple[Callable[[], bool], str]]:
     """Per component: (does it answer, where)."""
     return {
         "postgres": (s.cluster.answers, f"{s.host}:{s.postgres_port}"),
-        "mlflow": (lambda: _http(f"{s.mlflow_url}/health")[0] == 200, s.mlflow_url),
-        "prefect": (lambda: _http(f"{s.prefect_api}/health")[0] == 200, s.prefect_api),
+        "mlflow": (lambda: http_request(f"{s.mlflow_url}/health")[0] == 200, s.mlflow_url),
+        "prefect": (lambda: http_request(f"{s.prefect_api}/health")[0] == 200, s.prefect_api),
         "ray": (lambda: _ray_answers(s), f"{s.ray_address} (dashboard {s.dashboard_url})"),
         "worker": (lambda: _worker_online(s), f"pool {s.pool}"),
     }
@@ -171,22 +170,8 @@ def checks(s: StackSettings) -> dict[str, tuple[Callable[[], bool], str]]:
 
 def _wait(s: StackSettings, name: str, started: dict[str, psutil.Process]) -> None:
     ready, where = checks(s)[name]
-    deadline = time.monotonic() + s.timeout_s
-    while not ready():
-        for other, proc in started.items():
-            if not alive(proc):
-                log = log_file(s.state, other)
-                raise StackError(
-                    f"{LABELS[other]} exited while starting; last lines of {log}:\n{_tail(log)}\n"
-                    "Fix the cause above, then `make stack` again (what was started has been stopped)"
-                )
-        if time.monotonic() > deadline:
-            log = log_file(s.state, name)
-            raise StackError(
-                f"{LABELS[name]} did not answer at {where} within {s.timeout_s:.0f}s; last lines of {log}:\n"
-                f"{_tail(log)}\nFix the cause above, or wait longer: dapo stack start --timeout {2 * s.timeout_s:.0f}"
-            )
-        time.sleep(0.5)
+    wait_ready(ready, name, started, state_dir=s.state, labels=LABELS, what=f"answering at {where}",
+               timeout_s=s.timeout_s, command="dapo stack start", error=StackError)  # fmt: skip
 
 
 # ---------------------------------------------------------------- set-up steps
@@ -199,7 +184,7 @@ def _run_step(what: str, cmd: list[str], env: dict[str, str], cwd: str | None, l
         done = subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                               timeout=600, check=False)  # fmt: skip
     if done.returncode != 0:
-        raise StackError(f"{what} failed (exit {done.returncode}); last lines of {log}:\n{_tail(log)}")
+        raise StackError(f"{what} failed (exit {done.returncode}); last lines of {log}:\n{log_tail(log)}")
 
 
 def _deploy(s: StackSettings) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_URI
-from flows.services.procs import alive, launch, log_file, pid_file, recorded_process, stop_process
+from flows.services.procs import launch, pid_file, recorded_process, stop_process, wait_ready
 
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
@@ -99,7 +99,8 @@ def serve_available() -> bool:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our servers: never through an http_proxy
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 3.0) -> tuple[int, str]:
+def http_request(url: str, body: dict | None = None, timeout: float = 3.0) -> tuple[int, str]:
+    """(status, body) of a GET (or a JSON POST with ``body``) to one of our servers; (0, "") if it does not answer."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     try:
@@ -112,18 +113,18 @@ def _http(url: str, body: dict | None = None, timeout: float = 3.0) -> tuple[int
 
 
 def prefect_answers(s: UiSettings) -> bool:
-    return _http(f"{s.prefect_url}/api/health")[0] == 200
+    return http_request(f"{s.prefect_url}/api/health")[0] == 200
 
 
 def mlflow_answers(s: UiSettings) -> bool:
-    return _http(f"{s.mlflow_url}/health")[0] == 200
+    return http_request(f"{s.mlflow_url}/health")[0] == 200
 
 
 def served_deployments(s: UiSettings, since: float = 0.0) -> list[str]:
     """Names of the deployments a runner polled for work (or that were updated) after ``since`` (epoch seconds)."""
     from datetime import datetime
 
-    code, text = _http(f"{s.prefect_url}/api/deployments/filter", {"limit": 200})
+    code, text = http_request(f"{s.prefect_url}/api/deployments/filter", {"limit": 200})
     if code != 200:
         return []
     names = []
@@ -135,32 +136,9 @@ def served_deployments(s: UiSettings, since: float = 0.0) -> list[str]:
     return names
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
-
-
 def _wait(s: UiSettings, name: str, started: dict[str, psutil.Process], ready: Callable[[], bool], what: str) -> None:
-    """Until ``ready()``; any started process exiting meanwhile, or the timeout, is a UiError with its log's tail."""
-    deadline = time.monotonic() + s.timeout_s
-    while not ready():
-        for other, proc in started.items():
-            if not alive(proc):
-                log = log_file(s.state_dir, other)
-                raise UiError(
-                    f"{LABELS[other]} exited while starting; last lines of {log}:\n{_tail(log)}\n"
-                    f"Fix the cause above, then `make ui` again (what was started has been stopped)"
-                )
-        if time.monotonic() > deadline:
-            log = log_file(s.state_dir, name)
-            raise UiError(
-                f"{LABELS[name]} did not become ready within {s.timeout_s:.0f}s ({what}); last lines of {log}:\n"
-                f"{_tail(log)}\nFix the cause above, or wait longer: dapo ui start --timeout {2 * s.timeout_s:.0f}"
-            )
-        time.sleep(0.5)
+    wait_ready(ready, name, started, state_dir=s.state_dir, labels=LABELS, what=what, timeout_s=s.timeout_s,
+               command="dapo ui start", error=UiError)  # fmt: skip
 
 
 # ---------------------------------------------------------------- start / stop / status
