@@ -11,7 +11,6 @@ code the stages depend on) and a tiny params.yaml: the worker runs its flows the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -131,7 +130,6 @@ def team(project) -> Iterator[stack.StackSettings]:
     pids = [int(p.read_text()) for p in state.glob("*.pid")]
     try:
         assert started.returncode == 0 and s is not None, started.stdout + started.stderr
-        assert set(stack.status(s)) == set(stack.START_ORDER)
         assert all(" answers " in v for v in stack.status(s).values()), stack.status(s)
         yield s
     finally:
@@ -228,10 +226,8 @@ def test_a_pipeline_triggered_through_prefect_runs_on_the_team_stack(team, proje
     assert "up to date" in _run(clone, env, "dvc", "status")
 
 
-def test_the_stack_status_and_env_name_every_component(team):
+def test_dapo_stack_env_exports_the_stacks_addresses(team):
     out = subprocess.run([str(BIN / "dapo"), "stack", "env", "--state-dir", team.state_dir], capture_output=True,
                          text=True, timeout=120, check=True).stdout  # fmt: skip
     exported = dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines())
     assert exported == team.env()
-    state = json.loads((Path(team.state_dir) / stack.STATE_FILE).read_text())
-    assert state["mlflow_port"] == team.mlflow_port

@@ -153,8 +153,3 @@ class Cluster:
                "-t", str(int(timeout_s))]  # fmt: skip
         done = subprocess.run(_as_owner(cmd), capture_output=True, text=True, check=False)
         return done.returncode == 0
-
-
-def owner_uid() -> int:
-    """The uid the cluster's processes run as."""
-    return pwd.getpwnam(SERVICE_USER).pw_uid if os.geteuid() == 0 else os.geteuid()

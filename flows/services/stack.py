@@ -259,7 +259,7 @@ def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings
     _check_ports(s)
     s.state.mkdir(parents=True, exist_ok=True)
     started: dict[str, psutil.Process] = {}
-    cmds = _commands(s) if s.cluster.initialised() else {}
+    cmds: dict[str, tuple[list[str], dict[str, str], str | None]] = {}  # after initdb: they carry its password
 
     def up(*names: str) -> None:
         for name in names:  # side by side, then waited for in turn
@@ -271,7 +271,7 @@ def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings
 
     try:
         s.cluster.init()
-        cmds = cmds or _commands(s)
+        cmds.update(_commands(s))
         up("postgres")
         for db in DATABASES:
             s.cluster.ensure_database(db)
