@@ -94,7 +94,6 @@ SLOW_FIRST = (
     "test_overfit.py",
     "test_serve.py",
     "test_rollout_procs.py",
-    "reliability/test_tracking_outage.py",
     "test_fsdp.py",
     "test_console_output.py",
     "test_ui_browser.py",

@@ -1,7 +1,8 @@
 """`dapo stack start|status|env|stop`: the team topology on one machine (`make stack`, `make stack-stop`).
 
-dapo stack start                  # PostgreSQL, MLflow server, Prefect server + work pool + deployments, Ray head,
-                                  # a Prefect worker, a DVC remote; logs and PIDs in outputs/stack/
+dapo stack start                  # PostgreSQL, MLflow server, Prefect server + work pool + deployments, Ray head
+                                  # and a worker node, a Prefect worker, a DVC remote; logs and PIDs in
+                                  # outputs/stack/; run again, it starts whatever has stopped
 eval "$(dapo stack env)"          # point this shell at it (PREFECT_API_URL, MLFLOW_TRACKING_URI, RAY_ADDRESS, ...)
 dapo stack status
 dapo stack stop                   # every process it started; the databases, artifacts and remote stay
@@ -45,8 +46,17 @@ def start(
         int, typer.Option("--dashboard-port", help="Ray dashboard port (the state API).")
     ] = DEFAULT.dashboard_port,
     ray_cpus: Annotated[
-        int | None, typer.Option("--ray-cpus", help="CPUs the Ray head offers; default all.", min=1)
+        int | None, typer.Option("--ray-cpus", help="CPUs the Ray worker node offers; default all.", min=1)
     ] = None,
+    crash_after: Annotated[
+        int,
+        typer.Option(
+            "--crash-after",
+            min=45,
+            help="Seconds without a heartbeat after which Prefect marks a flow run CRASHED (its process is gone; "
+            "flow runs send one every 30 s).",
+        ),
+    ] = DEFAULT.crash_after_s,
     pool: Annotated[str, typer.Option(help="Prefect work pool (prefect.yaml's is dapo-process).")] = DEFAULT.pool,
     project_dir: Annotated[
         Path, typer.Option("--project-dir", help="The project folder: prefect.yaml, where the worker runs flows.")
@@ -54,11 +64,12 @@ def start(
     state_dir: StateDirOpt = Path(DEFAULT.state_dir),
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each component to answer.")] = DEFAULT.timeout_s,
 ) -> None:
-    """Start every component, wait until each answers, and print where they are."""
+    """Start every component, wait until each answers, and print where they are. Partly running (a component
+    died): start what is missing, with the settings the stack was started with."""
     s = stack.StackSettings(
         postgres_port=_port(postgres_port, "--postgres-port"), mlflow_port=_port(mlflow_port, "--mlflow-port"),
         prefect_port=_port(prefect_port, "--prefect-port"), ray_port=_port(ray_port, "--ray-port"),
-        dashboard_port=_port(dashboard_port, "--dashboard-port"), ray_cpus=ray_cpus, pool=pool,
+        dashboard_port=_port(dashboard_port, "--dashboard-port"), ray_cpus=ray_cpus, pool=pool, crash_after_s=crash_after,
         project_dir=str(project_dir.resolve()), state_dir=str(state_dir.resolve()), timeout_s=timeout,
     )  # fmt: skip
     try:
@@ -67,7 +78,7 @@ def start(
         fail(str(exc))
     typer.echo(f"Prefect UI:  {s.prefect_api.removesuffix('/api')}  (work pool {s.pool}, one worker)")
     typer.echo(f"MLflow UI:   {s.mlflow_url}  (PostgreSQL on {s.host}:{s.postgres_port})")
-    typer.echo(f"Ray:         {s.ray_address}  (dashboard {s.dashboard_url})")
+    typer.echo(f"Ray:         {s.ray_address}  (dashboard {s.dashboard_url}; the work runs on its worker node)")
     typer.echo(f"DVC remote:  {s.dvc_remote}  (default in .dvc/config.local)")
     typer.echo(f'this shell:  eval "$(dapo stack env --state-dir {state_dir})"; stop with `make stack-stop`')
 

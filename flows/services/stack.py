@@ -8,213 +8,53 @@ Each component is the real one, started as its own docs say, on loopback, its lo
 - ``prefect``: ``prefect server start`` on PostgreSQL; then the process work pool (concurrency 1) and
   ``prefect deploy --all`` from prefect.yaml;
 - ``ray``: a Ray head (``ray start --head --block``) the flows join through ``RAY_ADDRESS``, with its dashboard (the
-  state API); the worker's runs use the Ray executor (``DAPO_EXECUTOR=ray``), so they never start a Ray of their own;
-- ``worker``: ``prefect worker start --pool dapo-process`` in the project folder, with the stack's addresses;
+  state API); it offers no CPU or GPU, so the work runs on the worker nodes; the worker's runs use the Ray executor
+  (``DAPO_EXECUTOR=ray``), so they never start a Ray of their own;
+- ``ray-node``: a Ray worker node joined to the head by its address (``ray start --address``), as another machine
+  joins; ``--ray-cpus`` sets what it offers;
+- ``worker``: ``prefect worker start --pool dapo-process`` in the project folder, with the stack's addresses; its
+  flow runs send a heartbeat every ``heartbeat_s``, and an automation on the Prefect server marks a run CRASHED when
+  they stop for ``crash_after_s`` (flows/services/prefect_crash.py);
 - a DVC remote: a folder, ``<state_dir>/dvc-remote``, made the default in ``.dvc/config.local``.
 
 The databases, artifacts and the remote stay in ``outputs/stack/`` between starts. ``dapo stack env`` prints the
-variables that point a shell at the stack. Stopping stops the worker first (its flow runs go with it), then Ray,
+variables that point a shell at the stack. Started again while partly running (a component died), it starts what is
+missing with the settings the stack was started with. Stopping stops the worker first (its flow runs go with it), then Ray,
 the servers, and PostgreSQL (a fast shutdown).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
 
-from flows.services.postgres import Cluster, PostgresError
-from flows.services.procs import launch, log_file, log_tail, pid_file, recorded_process, stop_process, wait_ready
-from flows.services.ui import http_request, port_in_use
+from flows.services import prefect_crash
+from flows.services.postgres import PostgresError
+from flows.services.procs import launch, log_file, pid_file, recorded_process, stop_process
+from flows.services.stack_parts import (
+    DATABASES,
+    LABELS,
+    START_ORDER,
+    STATE_FILE,
+    STOP_ORDER,
+    StackError,
+    StackSettings,
+    checks,
+    component_commands,
+    configure_dvc_remote,
+    deploy_flows,
+    ray_worker_nodes,
+    wait_answering,
+)
+from flows.services.ui import port_in_use
 
-STATE_FILE = "stack.json"
-START_ORDER = ("postgres", "mlflow", "prefect", "ray", "worker")
-STOP_ORDER = tuple(reversed(START_ORDER))
-LABELS = {"postgres": "PostgreSQL", "mlflow": "MLflow server", "prefect": "Prefect server", "ray": "Ray head",
-          "worker": "Prefect worker"}  # fmt: skip
-DATABASES = ("mlflow", "prefect")
-
-
-class StackError(RuntimeError):
-    """The stack cannot do what was asked; the message says what, where and how to fix it."""
-
-
-@dataclass(frozen=True)
-class StackSettings:
-    """Ports (loopback by default: the stack has no authentication beyond PostgreSQL's password) and folders."""
-
-    host: str = "127.0.0.1"
-    postgres_port: int = 5433
-    mlflow_port: int = 5001
-    prefect_port: int = 4201
-    ray_port: int = 6380
-    dashboard_port: int = 8266
-    state_dir: str = "outputs/stack"
-    project_dir: str = "."
-    pool: str = "dapo-process"
-    ray_cpus: int | None = None
-    timeout_s: float = 240.0
-
-    @property
-    def state(self) -> Path:
-        return Path(self.state_dir).resolve()
-
-    @property
-    def cluster(self) -> Cluster:
-        return Cluster(self.state / "postgres", self.host, self.postgres_port)
-
-    @property
-    def mlflow_url(self) -> str:
-        return f"http://{self.host}:{self.mlflow_port}"
-
-    @property
-    def prefect_api(self) -> str:
-        return f"http://{self.host}:{self.prefect_port}/api"
-
-    @property
-    def ray_address(self) -> str:
-        return f"{self.host}:{self.ray_port}"
-
-    @property
-    def dashboard_url(self) -> str:
-        return f"http://{self.host}:{self.dashboard_port}"
-
-    @property
-    def dvc_remote(self) -> Path:
-        return self.state / "dvc-remote"
-
-    def env(self) -> dict[str, str]:
-        """What points a shell (and the worker) at the stack."""
-        return {
-            "PREFECT_API_URL": self.prefect_api,
-            "MLFLOW_TRACKING_URI": self.mlflow_url,
-            "DAPO_MLFLOW_UI_URL": self.mlflow_url,
-            "RAY_ADDRESS": self.ray_address,
-            "DAPO_EXECUTOR": "ray",
-        }
-
-
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).parent / name)
-
-
-def _base_env() -> dict[str, str]:
-    drop = ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_API_DATABASE_CONNECTION_URL", "MLFLOW_TRACKING_URI",
-            "RAY_ADDRESS", "PREFECT_PROFILE")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="false", MLFLOW_DISABLE_TELEMETRY="true",
-               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", RAY_USAGE_STATS_ENABLED="0", DO_NOT_TRACK="1")  # fmt: skip
-    return env
-
-
-def _client_env(s: StackSettings) -> dict[str, str]:
-    """The Prefect CLI's environment: the stack's API, a home of its own (profiles), no database of its own."""
-    return {**_base_env(), "PREFECT_API_URL": s.prefect_api, "PREFECT_HOME": str(s.state / "prefect-client")}
-
-
-def _commands(s: StackSettings) -> dict[str, tuple[list[str], dict[str, str], str | None]]:
-    """Per component: (command, environment, working directory)."""
-    base, pg = _base_env(), s.cluster
-    mlflow = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", pg.url("mlflow", "postgresql+psycopg2"),
-              "--artifacts-destination", str(s.state / "mlflow-artifacts"), "--serve-artifacts",
-              "--host", s.host, "--port", str(s.mlflow_port), "--workers", "1"]  # fmt: skip
-    prefect_env = {**base, **pg.client_env(), "PREFECT_HOME": str(s.state / "prefect-server"),
-                   "PREFECT_API_DATABASE_CONNECTION_URL": pg.url("prefect", "postgresql+asyncpg"),
-                   "PREFECT_UI_API_URL": s.prefect_api, "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false"}  # fmt: skip
-    ray = [_bin("ray"), "start", "--head", "--block", "--node-ip-address", s.host, "--port", str(s.ray_port),
-           "--include-dashboard=True", "--dashboard-host", s.host, "--dashboard-port", str(s.dashboard_port),
-           "--temp-dir", f"/tmp/dapo-ray-{s.ray_port}", "--disable-usage-stats"]  # fmt: skip
-    if s.ray_cpus:
-        ray += ["--num-cpus", str(s.ray_cpus)]
-    worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", s.pool, "--type", "process"]
-    project = str(Path(s.project_dir).resolve())
-    worker_env = {**base, **s.env(), "PREFECT_HOME": str(s.state / "prefect-worker"), "PWD": project}
-    prefect = [sys.executable, "-m", "prefect", "server", "start", "--host", s.host, "--port", str(s.prefect_port)]
-    return {
-        "postgres": (pg.server_command(), base, None),
-        "mlflow": (mlflow, {**base, **pg.client_env()}, None),
-        "prefect": (prefect, prefect_env, None),
-        "ray": (ray, base, None),
-        "worker": (worker, worker_env, project),
-    }
-
-
-# ---------------------------------------------------------------- readiness
-
-
-def _ray_answers(s: StackSettings) -> bool:
-    return http_request(f"{s.dashboard_url}/api/version")[0] == 200
-
-
-def _worker_online(s: StackSettings) -> bool:
-    code, text = http_request(f"{s.prefect_api}/work_pools/{s.pool}/workers/filter", {})
-    return code == 200 and any(w.get("status") == "ONLINE" for w in json.loads(text))
-
-
-def checks(s: StackSettings) -> dict[str, tuple[Callable[[], bool], str]]:
-    """Per component: (does it answer, where)."""
-    return {
-        "postgres": (s.cluster.answers, f"{s.host}:{s.postgres_port}"),
-        "mlflow": (lambda: http_request(f"{s.mlflow_url}/health")[0] == 200, s.mlflow_url),
-        "prefect": (lambda: http_request(f"{s.prefect_api}/health")[0] == 200, s.prefect_api),
-        "ray": (lambda: _ray_answers(s), f"{s.ray_address} (dashboard {s.dashboard_url})"),
-        "worker": (lambda: _worker_online(s), f"pool {s.pool}"),
-    }
-
-
-def _wait(s: StackSettings, name: str, started: dict[str, psutil.Process]) -> None:
-    ready, where = checks(s)[name]
-    wait_ready(ready, name, started, state_dir=s.state, labels=LABELS, what=f"answering at {where}",
-               timeout_s=s.timeout_s, command="dapo stack start", error=StackError)  # fmt: skip
-
-
-# ---------------------------------------------------------------- set-up steps
-
-
-def _run_step(what: str, cmd: list[str], env: dict[str, str], cwd: str | None, log: Path) -> None:
-    with log.open("a", encoding="utf-8") as out:
-        out.write(f"$ {' '.join(cmd)}\n")
-        out.flush()
-        done = subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=600, check=False)  # fmt: skip
-    if done.returncode != 0:
-        raise StackError(f"{what} failed (exit {done.returncode}); last lines of {log}:\n{log_tail(log)}")
-
-
-def _deploy(s: StackSettings) -> None:
-    """The work pool (process type, one flow run at a time) and every deployment of prefect.yaml on it."""
-    project = str(Path(s.project_dir).resolve())
-    # prefect.yaml's pull step names the folder as {{ $PWD }}, which `prefect deploy` fills in from its environment
-    env, log = {**_client_env(s), "PWD": project}, log_file(s.state, "deploy")
-    log.unlink(missing_ok=True)
-    prefect = [sys.executable, "-m", "prefect"]
-    _run_step("creating the work pool", [*prefect, "work-pool", "create", s.pool, "--type", "process",
-                                         "--overwrite"], env, project, log)  # fmt: skip
-    _run_step("its concurrency limit", [*prefect, "work-pool", "set-concurrency-limit", s.pool, "1"], env, project, log)
-    if not (Path(project) / "prefect.yaml").is_file():
-        raise StackError(f"no prefect.yaml in {project}: start the stack from the project folder (--project-dir)")
-    # prefect.yaml names the pool dapo-process; another pool name is passed to every deployment
-    pool = [] if s.pool == "dapo-process" else ["--pool", s.pool]
-    _run_step("prefect deploy --all", [*prefect, "--no-prompt", "deploy", "--all", *pool], env, project, log)
-
-
-def _dvc_remote(s: StackSettings, say: Callable[[str], None]) -> None:
-    """The stack's folder remote as the default, in .dvc/config.local (git-ignored): `dvc push` / `dvc pull` use it."""
-    project = Path(s.project_dir).resolve()
-    if not (project / ".dvc").is_dir():
-        say(f"note: {project} is not a DVC repository: no DVC remote configured")
-        return
-    s.dvc_remote.mkdir(parents=True, exist_ok=True)
-    env, log, dvc = _base_env(), log_file(s.state, "dvc"), _bin("dvc")
-    _run_step("dvc remote add", [dvc, "remote", "add", "--local", "--force", "stack", str(s.dvc_remote)], env,
-              str(project), log)  # fmt: skip
-    _run_step("dvc remote default", [dvc, "remote", "default", "--local", "stack"], env, str(project), log)
+__all__ = ["LABELS", "START_ORDER", "StackError", "StackSettings", "checks", "ray_worker_nodes", "saved_settings",
+           "start", "status", "stop"]  # fmt: skip
 
 
 # ---------------------------------------------------------------- start / stop / status
@@ -247,48 +87,92 @@ def _running(s: StackSettings) -> dict[str, psutil.Process]:
 def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings:
     """Bring the stack up and wait until each component answers; returns the settings in effect.
 
-    Already running: says so and returns the settings it runs with. On a failure (a StackError saying what and how
-    to fix it) stops what it started; the data folders stay."""
+    Already running: says so and returns the settings it runs with. Partly running (a component died): starts what
+    is missing, with the settings it was started with. On a failure (a StackError saying what and how to fix it)
+    stops what it started; the data folders stay."""
     running = _running(s)
     if running:
+        saved = saved_settings(s.state_dir)
         if set(running) == set(START_ORDER):
             say("the stack is already running (`dapo stack status`; `make stack-stop` stops it)")
-            return saved_settings(s.state_dir) or s
-        names = ", ".join(f"{LABELS[n]} (pid {p.pid})" for n, p in running.items())
-        raise StackError(f"partly running: {names}. Stop it first with `make stack-stop`, then start again")
+            return saved or s
+        if saved is None:
+            names = ", ".join(f"{LABELS[n]} (pid {p.pid})" for n, p in running.items())
+            raise StackError(f"partly running ({names}) with no {STATE_FILE} in {s.state}: stop it first with "
+                             "`make stack-stop`, then start again")  # fmt: skip
+        return _restart_missing(saved, running, say)
     _check_ports(s)
     s.state.mkdir(parents=True, exist_ok=True)
-    started: dict[str, psutil.Process] = {}
-    cmds: dict[str, tuple[list[str], dict[str, str], str | None]] = {}  # after initdb: they carry its password
-
-    def up(*names: str) -> None:
-        for name in names:  # side by side, then waited for in turn
-            say(f"starting {LABELS[name]} ...")
-            cmd, env, cwd = cmds[name]
-            started[name] = launch(s.state, name, cmd, env, cwd=cwd)
-        for name in names:
-            _wait(s, name, started)
-
+    starter = _Starter(s, say)
     try:
         s.cluster.init()
-        cmds.update(_commands(s))
-        up("postgres")
+        starter.up("postgres")
         for db in DATABASES:
             s.cluster.ensure_database(db)
-        up("mlflow", "prefect")
-        up("ray")
+        starter.up("mlflow", "prefect")
+        starter.up("ray")
+        starter.up("ray-node")
         say("deploying prefect.yaml to the work pool ...")
-        _deploy(s)
-        up("worker")
-        _dvc_remote(s, say)
-    except (PostgresError, subprocess.SubprocessError) as exc:
-        _stop_started(s, started)
-        raise StackError(str(exc)) from exc
-    except BaseException:
-        _stop_started(s, started)
+        deploy_flows(s)
+        _crash_automation(s)
+        starter.up("worker")
+        configure_dvc_remote(s, say)
+    except BaseException as exc:
+        _stop_started(s, starter.started)
+        if isinstance(exc, (PostgresError, subprocess.SubprocessError)):
+            raise StackError(str(exc)) from exc
         raise
     (s.state / STATE_FILE).write_text(json.dumps(asdict(s), indent=2) + "\n", encoding="utf-8")
     return s
+
+
+class _Starter:
+    """Starts components side by side and waits for each in turn; remembers what it started (to stop on failure)."""
+
+    def __init__(self, s: StackSettings, say: Callable[[str], None]) -> None:
+        self.s, self.say = s, say
+        self.started: dict[str, psutil.Process] = {}
+        self.cmds: dict[str, tuple[list[str], dict[str, str], str | None]] = {}  # built after initdb (its password)
+
+    def up(self, *names: str) -> None:
+        if not self.cmds:
+            self.cmds = component_commands(self.s)
+        for name in names:
+            self.say(f"starting {LABELS[name]} ...")
+            cmd, env, cwd = self.cmds[name]
+            self.started[name] = launch(self.s.state, name, cmd, env, cwd=cwd)
+        for name in names:
+            wait_answering(self.s, name, self.started)
+
+
+def _restart_missing(s: StackSettings, running: dict[str, psutil.Process], say: Callable[[str], None]) -> StackSettings:
+    """Start the components that are not running, in the start order, with the stack's saved settings ``s``."""
+    missing = [name for name in START_ORDER if name not in running]
+    say(f"partly running: starting {', '.join(LABELS[n] for n in missing)} again (the rest runs on)")
+    ports = {"postgres": s.postgres_port, "mlflow": s.mlflow_port, "prefect": s.prefect_port, "ray": s.ray_port}
+    for name in missing:
+        if name in ports and port_in_use(s.host, ports[name]):
+            raise StackError(f"{LABELS[name]} is not running but port {ports[name]} on {s.host} is taken (another "
+                             "program?): free it, or stop the stack (`make stack-stop`) and start it on other ports")  # fmt: skip
+    starter = _Starter(s, say)
+    try:
+        for name in missing:
+            starter.up(name)
+            if name == "prefect":  # its deployments and automation are in PostgreSQL; the automation is checked
+                _crash_automation(s)
+    except BaseException as exc:
+        _stop_started(s, starter.started)
+        if isinstance(exc, (PostgresError, subprocess.SubprocessError)):
+            raise StackError(str(exc)) from exc
+        raise
+    return s
+
+
+def _crash_automation(s: StackSettings) -> None:
+    try:
+        prefect_crash.ensure(s.prefect_api, s.crash_after_s)
+    except RuntimeError as exc:
+        raise StackError(f"{exc}; see {log_file(s.state, 'prefect')}") from exc
 
 
 RAY_GRACE_S = 2.0  # `ray start --block`, its GCS and raylet outlast a SIGTERM; the head keeps nothing to save
@@ -301,7 +185,7 @@ def _stop_one(s: StackSettings, name: str, proc: psutil.Process) -> None:
                 return
         except PostgresError:
             pass
-    stop_process(proc, **({"grace_s": RAY_GRACE_S} if name == "ray" else {}))
+    stop_process(proc, **({"grace_s": RAY_GRACE_S} if name in ("ray", "ray-node") else {}))
 
 
 def _stop_started(s: StackSettings, started: dict[str, psutil.Process]) -> None:

@@ -99,10 +99,13 @@ def serve_available() -> bool:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # our servers: never through an http_proxy
 
 
-def http_request(url: str, body: dict | None = None, timeout: float = 3.0) -> tuple[int, str]:
-    """(status, body) of a GET (or a JSON POST with ``body``) to one of our servers; (0, "") if it does not answer."""
+def http_request(
+    url: str, body: dict | None = None, timeout: float = 3.0, method: str | None = None
+) -> tuple[int, str]:
+    """(status, body) of a GET (or a JSON POST with ``body``; or ``method``) to one of our servers; (0, "") if it
+    does not answer."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method=method)
     try:
         with _DIRECT.open(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
