@@ -72,3 +72,23 @@ def test_a_restart_refuses_a_missing_components_port_taken_by_another_program(tm
             stack.start(stack.StackSettings(state_dir=str(tmp_path)), say=said.append)
     assert said == ["partly running: starting MLflow server again (the rest runs on)"]
     assert not pid_file(tmp_path, "mlflow").exists()  # nothing was started
+
+
+def test_a_new_ray_head_gets_a_new_worker_node(tmp_path, sleeper):
+    """A worker node of a dead head is stopped and restarted with the new head (here the head's port is taken, so
+    the restart stops after that decision)."""
+    node = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        s = stack.StackSettings(state_dir=str(tmp_path), ray_port=taken.getsockname()[1])
+        (tmp_path / stack.STATE_FILE).write_text(json.dumps(asdict(s)))
+        for name in ("postgres", "mlflow", "prefect", "worker"):
+            _record(tmp_path, name, sleeper)
+        _record(tmp_path, "ray-node", node)
+        said: list[str] = []
+        with pytest.raises(stack.StackError, match="Ray head is not running but port"):
+            stack.start(s, say=said.append)
+    assert node.wait(timeout=30) is not None and not pid_file(tmp_path, "ray-node").exists()
+    assert said == ["the Ray head is gone: its worker node is restarted with it",
+                    "partly running: starting Ray head, Ray worker node again (the rest runs on)"]  # fmt: skip

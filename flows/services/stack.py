@@ -146,7 +146,12 @@ class _Starter:
 
 
 def _restart_missing(s: StackSettings, running: dict[str, psutil.Process], say: Callable[[str], None]) -> StackSettings:
-    """Start the components that are not running, in the start order, with the stack's saved settings ``s``."""
+    """Start the components that are not running, in the start order, with the stack's saved settings ``s``. A
+    worker node outlives its head only to leave the cluster: it is restarted with a new head."""
+    if "ray" not in running and "ray-node" in running:
+        say("the Ray head is gone: its worker node is restarted with it")
+        _stop_one(s, "ray-node", running.pop("ray-node"))
+        pid_file(s.state, "ray-node").unlink(missing_ok=True)
     missing = [name for name in START_ORDER if name not in running]
     say(f"partly running: starting {', '.join(LABELS[n] for n in missing)} again (the rest runs on)")
     ports = {"postgres": s.postgres_port, "mlflow": s.mlflow_port, "prefect": s.prefect_port, "ray": s.ray_port}
