@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from prefect.utilities.annotations import quote
 
 from dapo_core.config import ConfigError, DapoConfig, flatten_config, load_config
 from dapo_core.config.schema import resolved_data_seed, resolved_run_name
-from dapo_core.engines.checkpoint import latest_checkpoint
+from dapo_core.engines.checkpoint import WRITE_S, latest_checkpoint, read_meta
 from dapo_core.faults import fault_point
 from dapo_core.training.health import HealthMonitor
 from dapo_core.training.overlap import RolloutPrefetcher
@@ -131,26 +130,32 @@ def _after_update(run: RunState, step: int, metrics: dict[str, float]) -> None:
     run.held.hold(metrics, step)
     due_save = cfg.trainer.save_freq > 0 and step % cfg.trainer.save_freq == 0
     if due_save or step == cfg.trainer.total_steps:
-        t0 = time.perf_counter()
         path = T.save_checkpoint(run.executor, run.ckpt_root, step, run.checkpoint_meta())
-        tracking.log_artifacts(path, f"checkpoints/{path.name}")
-        metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
+        # the write time as the checkpoint records it: a resume from it holds the same value (RunState.restore),
+        # so a kill before these lines loses nothing and one after them logs nothing twice
+        metrics["timing_s/save_checkpoint"] = float(read_meta(path)[WRITE_S])
         run.held.add({"timing_s/save_checkpoint": metrics["timing_s/save_checkpoint"]}, step)
         run.held.flush()
+        tracking.log_artifacts(path, f"checkpoints/{path.name}")  # a resume from it sends it again if incomplete
     fault_point("between-steps", step)
     for hook in PROGRESS_HOOKS:
         hook(step, cfg.trainer.total_steps, metrics)
 
 
-def _start_tracking(run: RunState, resumed: bool, interrupted: str | None) -> None:
+def _start_tracking(run: RunState, resumed_from: Path | None, interrupted: str | None) -> None:
     """A new run: its params and tags, and a validation at step 0 when asked. A resumed one: the link to the flow
-    run it resumes, and the checkpoint's held points logged again (MLflow adds nothing it holds) in case the
-    interrupted run was killed while flushing them; its later points were never logged."""
+    run it resumes, the checkpoint's held points logged again (MLflow adds nothing it holds) in case the
+    interrupted run was killed while flushing them (its later points were never logged), and the checkpoint
+    itself sent again unless the server holds all of it (the kill may have struck during its upload)."""
     tracking.log_params_flat(run.cfg)
-    if resumed:
+    if resumed_from is not None:
         if flow_runs.mark_resumed(interrupted):
             tracking.set_tags({"prefect.resumed_flow_run_id": str(interrupted)})
         get_run_logger().info("resuming: %d held step(s) flushed", run.held.flush())
+        artifact_path = f"checkpoints/{resumed_from.name}"
+        if not tracking.holds_artifacts(resumed_from, artifact_path):
+            get_run_logger().info("resuming: %s sent again (the server did not hold all of it)", artifact_path)
+            tracking.log_artifacts(resumed_from, artifact_path)
     elif run.cfg.trainer.val_before_train:
         validate(run.executor, quote(run.val_items), quote(run.cfg), step=0)
 
@@ -192,7 +197,7 @@ def run_training(
         with tracking.start_run(cfg, run_name=run_name, run_id=run.run_id, nested=nested, tags=tags) as mlrun:
             run.run_id = mlrun.info.run_id
             tracking.set_tags(tags)
-            _start_tracking(run, resume_from is not None, interrupted)
+            _start_tracking(run, Path(resume_from["path"]) if resume_from else None, interrupted)
             last_metrics: dict[str, float] = {}
             for step in range(start_step + 1, cfg.trainer.total_steps + 1):
                 last_metrics = _train_step(run, step)

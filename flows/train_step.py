@@ -19,6 +19,7 @@ from prefect.utilities.annotations import quote
 from dapo_core.algorithm import GroupAccumulator
 from dapo_core.algorithm import metric_names as mn
 from dapo_core.config import DapoConfig, flatten_config
+from dapo_core.engines.checkpoint import WRITE_S
 from dapo_core.faults import fault_point
 from dapo_core.seeding import derive_seed
 from dapo_core.training.health import HealthMonitor
@@ -70,7 +71,11 @@ class RunState:
             self.prefetcher.load_state_dict(meta.get("prefetched", []))
         self.run_id = meta.get("mlflow_run_id")
         self.held.restore(meta.get("held_metrics", []))
-        return int(meta["step"])
+        step = int(meta["step"])
+        if WRITE_S in meta:  # its own save time, measured after its held metrics were taken: the same value the
+            # interrupted run logged (flows/train.py), or would have, had it not been killed first
+            self.held.add_held({"timing_s/save_checkpoint": float(meta[WRITE_S])}, step)
+        return step
 
 
 @dataclass

@@ -324,6 +324,26 @@ def log_artifacts(local_dir: str | Path, artifact_path: str | None = None, *, ru
     outbox().submit(item, stash=local_dir)
 
 
+def holds_artifacts(local_dir: str | Path, artifact_path: str, *, run_id: str | None = None) -> bool:
+    """Whether the run's ``artifact_path`` on the tracking server has every file of ``local_dir``, each of the same
+    size; False when it lacks one, or when the server cannot say (unreachable: a new upload then waits in the
+    outbox like any other write)."""
+    local = {p.relative_to(local_dir).as_posix(): p.stat().st_size for p in Path(local_dir).rglob("*") if p.is_file()}
+    client, rid, held = MlflowClient(), _run_id(run_id), {}
+    try:
+        todo = [artifact_path]
+        while todo:
+            for info in client.list_artifacts(rid, todo.pop()):
+                if info.is_dir:
+                    todo.append(info.path)
+                else:
+                    held[info.path.removeprefix(f"{artifact_path}/")] = info.file_size
+    except Exception as exc:  # the errors vary by store and transport; a re-send is always safe
+        logger.info("could not list %s on the tracking server (%s): sending it again", artifact_path, exc)
+        return False
+    return all(held.get(name) == size for name, size in local.items())
+
+
 REDACTED_SUFFIXES = (".log", ".txt", ".md", ".json", ".yaml", ".yml")  # text artifacts that may quote a secret
 _MAX_REDACTED_BYTES = 64 * 2**20
 

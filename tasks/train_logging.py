@@ -101,11 +101,16 @@ class HeldMetrics:
 
     def add(self, metrics: dict[str, float], step: int) -> None:
         """More points of ``step`` (held with it, or logged now when nothing of the step is held)."""
+        if not self.add_held(metrics, step):
+            log_step(metrics, step)
+
+    def add_held(self, metrics: dict[str, float], step: int) -> bool:
+        """More points of a held ``step`` (nothing is logged); False when that step is not held."""
         for held_step, held, _ in self.pending:
             if held_step == step:
                 held.update(metrics)
-                return
-        log_step(metrics, step)
+                return True
+        return False
 
     def state(self) -> list[list[Any]]:
         """The held points, JSON-ready (``[step, {key: value}, time_ms]`` each) for the checkpoint's metadata."""

@@ -6,7 +6,8 @@ Layout of ``<root>/step_<N>/``::
     tokenizer files                                           # when a tokenizer is given
     trainer_state.pt      # optimizer + scheduler state (tensors and plain containers only: weights_only=True)
     rng_state.pt          # python / numpy / torch RNG states as tensors and plain values
-    trainer_state.json    # counters, data-sampler position, MLflow run id, anything JSON the caller adds
+    trainer_state.json    # counters, data-sampler position, MLflow run id, anything JSON the caller adds, and
+                          # write_s: the seconds this checkpoint took to write, up to this file
     shards/               # FSDP2 only: every rank's shard of the weights and optimizer state (torch DCP)
     COMPLETE              # written last, inside the temp dir, before the rename
 
@@ -27,6 +28,7 @@ import os
 import random
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
+WRITE_S = "write_s"  # trainer_state.json: seconds from save_checkpoint's call to the JSON (on the writing rank)
 SHARDS_DIR = "shards"
 
 
@@ -118,6 +121,7 @@ def save_checkpoint(
     With ``sharded`` every rank calls this; ``model`` (the gathered HF model, None elsewhere), ``tokenizer``,
     ``trainer_state`` and ``meta`` are only used on rank 0, and every rank returns once the checkpoint is complete.
     """
+    started = time.perf_counter()
     root = Path(root)
     final = step_dir(root, step)
 
@@ -125,7 +129,7 @@ def save_checkpoint(
         if model is None:
             raise ValueError("save_checkpoint needs the model on the writing rank (rank 0): got None")
         try:
-            _write_and_commit(tmp, final, step, model, tokenizer, trainer_state, meta)
+            _write_and_commit(tmp, final, step, model, tokenizer, trainer_state, meta, started)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -207,15 +211,17 @@ def _write_and_commit(
     tokenizer: Any | None,
     trainer_state: dict[str, Any],
     meta: dict[str, Any] | None,
+    started: float,
 ) -> None:
-    """The HF files, trainer state, RNG, JSON and COMPLETE into ``tmp``, then rename it to ``final``."""
+    """The HF files, trainer state, RNG, JSON (with the write time since ``started``, a perf_counter reading) and
+    COMPLETE into ``tmp``, then rename it to ``final``."""
     model.save_pretrained(tmp, safe_serialization=True)  # type: ignore[operator]
     fault_point("checkpoint", step)  # reliability tests: a kill with the weights written, the rest not
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save(trainer_state, tmp / "trainer_state.pt")
     torch.save(capture_rng_state(), tmp / "rng_state.pt")
-    meta_all = {"step": step, **(meta or {})}
+    meta_all = {"step": step, **(meta or {}), WRITE_S: time.perf_counter() - started}
     (tmp / "trainer_state.json").write_text(json.dumps(meta_all, indent=2, sort_keys=True))
     (tmp / COMPLETE_MARKER).write_text("ok\n")
     if final.exists():  # re-saving a step (e.g. after a resume) replaces it whole
@@ -296,5 +302,10 @@ def load_checkpoint(path: str | Path, *, model: nn.Module | None = None, restore
     trainer_state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     if restore_rng:
         restore_rng_state(torch.load(path / "rng_state.pt", map_location="cpu", weights_only=True))
-    meta = json.loads((path / "trainer_state.json").read_text())
+    meta = read_meta(path)
     return LoadedCheckpoint(path=path, step=int(meta["step"]), trainer_state=trainer_state, meta=meta)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The JSON metadata of the checkpoint at ``path`` (``step``, ``write_s`` and what the caller saved)."""
+    return json.loads((Path(path) / "trainer_state.json").read_text())

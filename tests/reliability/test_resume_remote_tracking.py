@@ -6,6 +6,8 @@ nothing it holds)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_server import free_port, start_server, stop_server
@@ -15,6 +17,8 @@ from train_fixtures import run_train as run
 import flows.train as ft
 import tasks.train_logging as tl
 from dapo_core.algorithm import metric_names as mn
+from dapo_core.engines.checkpoint import WRITE_S, read_meta
+from tasks import tracking
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -91,3 +95,47 @@ def test_a_kill_mid_flush_is_made_good_by_the_resume(server, tmp_path, monkeypat
     resumed = run(cfg, tmp_path, resume=True)
     points = _points(server, resumed["run_id"])
     assert all([s for s, _ in v] == [1, 2, 3, 4] for v in points.values()), points
+
+
+@pytest.mark.parametrize("struck", ["before its save time is logged", "during its upload"])
+def test_a_kill_after_a_complete_checkpoint_loses_neither_its_save_time_nor_its_files(
+    struck, server, tmp_path, monkeypatch
+):
+    """Step 2's checkpoint is complete when the process dies, before its save time went out or while its files
+    were uploading (one file sent). The resume logs the step-2 save time once, the value the checkpoint records,
+    and the server ends up with the whole checkpoint."""
+    cfg = _cfg(tmp_path, server, "after-save", monkeypatch)
+    if struck.startswith("before"):
+        real_save = ft.T.save_checkpoint
+
+        def dies_after_saving(executor, root, step, meta):
+            path = real_save(executor, root, step, meta)
+            if step == 2:
+                raise RuntimeError("simulated kill after the checkpoint")
+            return path
+
+        monkeypatch.setattr(ft.T, "save_checkpoint", dies_after_saving)
+    else:
+        real_upload = tracking.log_artifacts
+
+        def dies_mid_upload(local_dir, artifact_path=None, *, run_id=None):
+            if artifact_path == "checkpoints/step_2":
+                tracking.log_artifact(Path(local_dir) / "config.json", artifact_path)
+                raise RuntimeError("simulated kill after the checkpoint")
+            return real_upload(local_dir, artifact_path, run_id=run_id)
+
+        monkeypatch.setattr(tracking, "log_artifacts", dies_mid_upload)
+    with pytest.raises(RuntimeError, match="after the checkpoint"):
+        run(cfg, tmp_path)
+    monkeypatch.undo()
+    resumed = run(_cfg(tmp_path, server, "after-save", monkeypatch), tmp_path, resume=True)
+
+    client = MlflowClient(tracking_uri=server)
+    saves = sorted((m.step, m.value) for m in client.get_metric_history(resumed["run_id"], "timing_s/save_checkpoint"))
+    step_2 = tmp_path / "outputs" / "after-save" / "checkpoints" / "step_2"
+    assert saves[0] == (2, read_meta(step_2)[WRITE_S]) and [s for s, _ in saves] == [2, 4], saves
+    points = _points(server, resumed["run_id"])
+    assert all([s for s, _ in v] == [1, 2, 3, 4] for v in points.values()), points
+    sent = {f.path for f in client.list_artifacts(resumed["run_id"], "checkpoints/step_2")}
+    local = {f"checkpoints/step_2/{p.name}" for p in step_2.iterdir()}
+    assert sent == local, sent ^ local
