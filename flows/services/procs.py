@@ -54,6 +54,18 @@ def recorded_process(state_dir: str | Path, name: str) -> psutil.Process | None:
         return None
 
 
+def running_processes(state_dir: str | Path, names: Sequence[str]) -> dict[str, psutil.Process]:
+    """Of ``names``, the recorded processes still running (by their PID files); stale PID files are removed."""
+    running = {}
+    for name in names:
+        proc = recorded_process(state_dir, name)
+        if proc is not None:
+            running[name] = proc
+        else:
+            pid_file(state_dir, name).unlink(missing_ok=True)
+    return running
+
+
 def launch(
     state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | None = None
 ) -> psutil.Process:

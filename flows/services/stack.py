@@ -35,7 +35,7 @@ import psutil
 
 from flows.services import prefect_crash
 from flows.services.postgres import PostgresError
-from flows.services.procs import launch, log_file, pid_file, recorded_process, stop_process
+from flows.services.procs import launch, log_file, pid_file, recorded_process, running_processes, stop_process
 from flows.services.stack_parts import (
     DATABASES,
     LABELS,
@@ -73,24 +73,13 @@ def _check_ports(s: StackSettings) -> None:
             )
 
 
-def _running(s: StackSettings) -> dict[str, psutil.Process]:
-    found = {}
-    for name in START_ORDER:
-        proc = recorded_process(s.state, name)
-        if proc is not None:
-            found[name] = proc
-        else:
-            pid_file(s.state, name).unlink(missing_ok=True)
-    return found
-
-
 def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings:
     """Bring the stack up and wait until each component answers; returns the settings in effect.
 
     Already running: says so and returns the settings it runs with. Partly running (a component died): starts what
     is missing, with the settings it was started with. On a failure (a StackError saying what and how to fix it)
     stops what it started; the data folders stay."""
-    running = _running(s)
+    running = running_processes(s.state, START_ORDER)
     if running:
         saved = saved_settings(s.state_dir)
         if set(running) == set(START_ORDER):
@@ -103,8 +92,7 @@ def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings
         return _restart_missing(saved, running, say)
     _check_ports(s)
     s.state.mkdir(parents=True, exist_ok=True)
-    starter = _Starter(s, say)
-    try:
+    with _Starter(s, say) as starter:
         s.cluster.init()
         starter.up("postgres")
         for db in DATABASES:
@@ -117,17 +105,13 @@ def start(s: StackSettings, say: Callable[[str], None] = print) -> StackSettings
         _crash_automation(s)
         starter.up("worker")
         configure_dvc_remote(s, say)
-    except BaseException as exc:
-        _stop_started(s, starter.started)
-        if isinstance(exc, (PostgresError, subprocess.SubprocessError)):
-            raise StackError(str(exc)) from exc
-        raise
     (s.state / STATE_FILE).write_text(json.dumps(asdict(s), indent=2) + "\n", encoding="utf-8")
     return s
 
 
 class _Starter:
-    """Starts components side by side and waits for each in turn; remembers what it started (to stop on failure)."""
+    """Starts components side by side and waits for each in turn. As a context: on any failure inside, stops what
+    it started (the data folders stay), a PostgreSQL or subprocess failure raised as a StackError."""
 
     def __init__(self, s: StackSettings, say: Callable[[str], None]) -> None:
         self.s, self.say = s, say
@@ -144,6 +128,16 @@ class _Starter:
         for name in names:
             wait_answering(self.s, name, self.started)
 
+    def __enter__(self) -> _Starter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        _stop_started(self.s, self.started)
+        if isinstance(exc, (PostgresError, subprocess.SubprocessError)):
+            raise StackError(str(exc)) from exc
+
 
 def _restart_missing(s: StackSettings, running: dict[str, psutil.Process], say: Callable[[str], None]) -> StackSettings:
     """Start the components that are not running, in the start order, with the stack's saved settings ``s``. A
@@ -159,17 +153,11 @@ def _restart_missing(s: StackSettings, running: dict[str, psutil.Process], say: 
         if name in ports and port_in_use(s.host, ports[name]):
             raise StackError(f"{LABELS[name]} is not running but port {ports[name]} on {s.host} is taken (another "
                              "program?): free it, or stop the stack (`make stack-stop`) and start it on other ports")  # fmt: skip
-    starter = _Starter(s, say)
-    try:
+    with _Starter(s, say) as starter:
         for name in missing:
             starter.up(name)
             if name == "prefect":  # its deployments and automation are in PostgreSQL; the automation is checked
                 _crash_automation(s)
-    except BaseException as exc:
-        _stop_started(s, starter.started)
-        if isinstance(exc, (PostgresError, subprocess.SubprocessError)):
-            raise StackError(str(exc)) from exc
-        raise
     return s
 
 

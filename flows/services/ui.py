@@ -31,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_URI
-from flows.services.procs import launch, pid_file, recorded_process, stop_process, wait_ready
+from flows.services.procs import launch, pid_file, recorded_process, running_processes, stop_process, wait_ready
 
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
@@ -181,14 +181,7 @@ def check_ports(s: UiSettings) -> None:
 
 def clear_stale(s: UiSettings) -> dict[str, psutil.Process]:
     """The recorded processes still running; PID files of the others are removed."""
-    running = {}
-    for name in STOP_ORDER:
-        proc = recorded_process(s.state_dir, name)
-        if proc is not None:
-            running[name] = proc
-        else:
-            pid_file(s.state_dir, name).unlink(missing_ok=True)
-    return running
+    return running_processes(s.state_dir, STOP_ORDER)
 
 
 def _envs(s: UiSettings) -> dict[str, dict[str, str]]:
