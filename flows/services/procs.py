@@ -66,6 +66,31 @@ def running_processes(state_dir: str | Path, names: Sequence[str]) -> dict[str, 
     return running
 
 
+def stop_recorded(
+    state_dir: str | Path,
+    names: Sequence[str],
+    labels: Mapping[str, str],
+    say: Callable[[str], None],
+    stop_one: Callable[[str, psutil.Process], None],
+) -> list[str]:
+    """Stop the recorded processes of ``names`` in that order (``stop_one(name, proc)``), removing their PID files
+    (stale ones too, said so); returns the names it stopped."""
+    stopped = []
+    for name in names:
+        path = pid_file(state_dir, name)
+        if not path.exists():
+            continue
+        proc = recorded_process(state_dir, name)
+        if proc is None:
+            say(f"{labels[name]}: not running (stale PID file {path} removed)")
+        else:
+            stop_one(name, proc)
+            stopped.append(name)
+            say(f"{labels[name]}: stopped (pid {proc.pid})")
+        path.unlink(missing_ok=True)
+    return stopped
+
+
 def launch(
     state_dir: str | Path, name: str, cmd: Sequence[str], env: dict[str, str], cwd: str | None = None
 ) -> psutil.Process:

@@ -35,7 +35,15 @@ import psutil
 
 from flows.services import prefect_crash
 from flows.services.postgres import PostgresError
-from flows.services.procs import launch, log_file, pid_file, recorded_process, running_processes, stop_process
+from flows.services.procs import (
+    launch,
+    log_file,
+    pid_file,
+    recorded_process,
+    running_processes,
+    stop_process,
+    stop_recorded,
+)
 from flows.services.stack_parts import (
     DATABASES,
     LABELS,
@@ -191,19 +199,7 @@ def _stop_started(s: StackSettings, started: dict[str, psutil.Process]) -> None:
 def stop(s: StackSettings, say: Callable[[str], None] = print) -> list[str]:
     """Stop the recorded processes (worker, Ray, the servers, PostgreSQL), remove their PID files; returns what it
     stopped. The data folders stay."""
-    stopped = []
-    for name in STOP_ORDER:
-        path = pid_file(s.state, name)
-        if not path.exists():
-            continue
-        proc = recorded_process(s.state, name)
-        if proc is None:
-            say(f"{LABELS[name]}: not running (stale PID file {path} removed)")
-        else:
-            _stop_one(s, name, proc)
-            stopped.append(name)
-            say(f"{LABELS[name]}: stopped (pid {proc.pid})")
-        path.unlink(missing_ok=True)
+    stopped = stop_recorded(s.state, STOP_ORDER, LABELS, say, lambda name, proc: _stop_one(s, name, proc))
     (s.state / STATE_FILE).unlink(missing_ok=True)
     return stopped
 

@@ -31,7 +31,15 @@ from pathlib import Path
 import psutil
 
 from dapo_core.config.schema import DEFAULT_ARTIFACT_LOCATION, DEFAULT_TRACKING_URI
-from flows.services.procs import launch, pid_file, recorded_process, running_processes, stop_process, wait_ready
+from flows.services.procs import (
+    launch,
+    pid_file,
+    recorded_process,
+    running_processes,
+    stop_process,
+    stop_recorded,
+    wait_ready,
+)
 
 STATE_FILE = "ui.json"
 STOP_ORDER = ("serve", "prefect", "mlflow")  # serve first, while the API it deregisters from still answers
@@ -268,19 +276,7 @@ def start(s: UiSettings, *, serve: bool = True, say: Callable[[str], None] = pri
 
 def stop(s: UiSettings, say: Callable[[str], None] = print) -> list[str]:
     """Stop the recorded processes (serve, then the servers) and remove their PID files; returns what it stopped."""
-    stopped = []
-    for name in STOP_ORDER:
-        path = pid_file(s.state_dir, name)
-        if not path.exists():
-            continue
-        proc = recorded_process(s.state_dir, name)
-        if proc is None:
-            say(f"{LABELS[name]}: not running (stale PID file {path} removed)")
-        else:
-            stop_process(proc)
-            stopped.append(name)
-            say(f"{LABELS[name]}: stopped (pid {proc.pid})")
-        path.unlink(missing_ok=True)
+    stopped = stop_recorded(s.state_dir, STOP_ORDER, LABELS, say, lambda _, proc: stop_process(proc))
     (Path(s.state_dir) / STATE_FILE).unlink(missing_ok=True)
     return stopped
 
