@@ -12,9 +12,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
-from flows.services import prefect_crash, stack
+from flows.services import prefect_crash, stack, stack_parts
 from flows.services.procs import pid_file
 
 
@@ -92,3 +93,22 @@ def test_a_new_ray_head_gets_a_new_worker_node(tmp_path, sleeper):
     assert node.wait(timeout=30) is not None and not pid_file(tmp_path, "ray-node").exists()
     assert said == ["the Ray head is gone: its worker node is restarted with it",
                     "partly running: starting Ray head, Ray worker node again (the rest runs on)"]  # fmt: skip
+
+
+def test_the_new_worker_is_awaited_by_the_name_it_was_given(tmp_path, sleeper, prefect_api, monkeypatch):
+    """Readiness is the worker of that start (by its --name) being ONLINE, not any worker of the pool; the name comes
+    from the command built, since /proc can show an empty command line for a process just past exec()."""
+    url = httpx.URL(prefect_api)
+    s = stack.StackSettings(state_dir=str(tmp_path), host=url.host, prefect_port=url.port, pool="units-pool",
+                            timeout_s=3.0)  # fmt: skip
+    assert httpx.post(f"{prefect_api}/work_pools/", json={"name": s.pool, "type": "process"}, timeout=30).is_success
+    beat = httpx.post(f"{prefect_api}/work_pools/{s.pool}/workers/heartbeat", json={"name": "old-one"}, timeout=30)
+    assert beat.is_success
+    proc = psutil.Process(sleeper.pid)
+    monkeypatch.setattr(proc, "cmdline", lambda: [])  # what psutil reads in that window
+    cmd = ["prefect", "worker", "start", "--pool", s.pool, "--name", "new-one"]
+    with pytest.raises(stack.StackError, match=r"Prefect worker .*answering at pool units-pool"):
+        stack_parts.wait_answering(s, "worker", {"worker": proc}, cmd)  # another worker online is not this one
+    beat = httpx.post(f"{prefect_api}/work_pools/{s.pool}/workers/heartbeat", json={"name": "new-one"}, timeout=30)
+    assert beat.is_success
+    stack_parts.wait_answering(s, "worker", {"worker": proc}, cmd)  # returns: it is online

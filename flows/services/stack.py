@@ -134,7 +134,7 @@ class _Starter:
             cmd, env, cwd = self.cmds[name]
             self.started[name] = launch(self.s.state, name, cmd, env, cwd=cwd)
         for name in names:
-            wait_answering(self.s, name, self.started)
+            wait_answering(self.s, name, self.started, self.cmds[name][0])
 
     def __enter__(self) -> _Starter:
         return self

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,11 +183,12 @@ def checks(s: StackSettings) -> dict[str, tuple[Callable[[], bool], str]]:
     }
 
 
-def wait_answering(s: StackSettings, name: str, started: dict[str, psutil.Process]) -> None:
+def wait_answering(s: StackSettings, name: str, started: dict[str, psutil.Process], cmd: Sequence[str]) -> None:
+    """Wait until component ``name``, just started with ``cmd``, answers (any started process dying is an error)."""
     ready, where = checks(s)[name]
-    if name == "worker":  # the one just started, by the name on its command line
-        cmd = started[name].cmdline()
-        ready = functools.partial(_worker_online, s, cmd[cmd.index("--name") + 1])
+    if name == "worker":  # the one just started, by the name on the command it was given: not read back from /proc,
+        # where a process just past exec() can still show an empty command line
+        ready = functools.partial(_worker_online, s, cmd[list(cmd).index("--name") + 1])
     elif name == "ray-node":  # a node that joined after this launch (1 s: clock granularity)
         since = started[name].create_time() - 1.0
         ready = lambda: ray_worker_nodes(s, since) > 0  # noqa: E731
