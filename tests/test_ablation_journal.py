@@ -101,6 +101,7 @@ def _fake_project(root):
         "dapo_core/README.md": "# notes\n",
         "tasks/__init__.py": "",
         "flows/train.py": "STEPS = 1\n",
+        "flows/services/stack.py": "PORT = 1\n",
         "docs/guide.md": "# guide\n",
         "tests/test_x.py": "def test_x():\n    pass\n",
         "recipes/tiny.yaml": "lr: 1\n",
@@ -112,7 +113,8 @@ def _fake_project(root):
 
 def test_the_code_digest_follows_the_package_sources_not_the_docs(tmp_path):
     """code_digest hashes the .py files of dapo_core, tasks and flows (paths and bytes): an edit to the algorithm
-    changes it; docs, markdown, tests, recipes (in the key as the resolved config) and __pycache__ do not."""
+    changes it; docs, markdown, tests, recipes (in the key as the resolved config), __pycache__ and the local
+    services (flows/services) do not."""
     from dapo_core.evaluation.ablation_journal import code_digest, code_files
 
     root = _fake_project(tmp_path / "proj")
@@ -121,7 +123,13 @@ def test_the_code_digest_follows_the_package_sources_not_the_docs(tmp_path):
     ]  # fmt: skip
     before = code_digest(root)
     assert len(before) == 64 and code_digest(root) == before  # cached per process and root
-    for rel in ("docs/guide.md", "dapo_core/README.md", "tests/test_x.py", "recipes/tiny.yaml"):
+    for rel in (
+        "docs/guide.md",
+        "dapo_core/README.md",
+        "tests/test_x.py",
+        "recipes/tiny.yaml",
+        "flows/services/stack.py",
+    ):
         (root / rel).write_text("changed\n")
     (root / "dapo_core/__pycache__").mkdir()
     (root / "dapo_core/__pycache__/loss.cpython-311.py").write_text("stale")
@@ -142,6 +150,32 @@ def test_the_code_digest_follows_the_package_sources_not_the_docs(tmp_path):
     assert code_digest(root) != moved
     code_digest.cache_clear()
     assert len(code_digest()) == 64  # this checkout
+
+
+def test_the_code_that_trains_and_evaluates_does_not_import_the_local_services():
+    """What lets code_digest leave out flows/services: no module it hashes imports them, except the CLI (which starts
+    the services and the subprocess reaper, and has no say in a run's result)."""
+    import ast
+
+    from dapo_core.evaluation.ablation_journal import CODE_EXCLUDED, PROJECT_ROOT, code_files
+
+    excluded = [ex.replace("/", ".") for ex in CODE_EXCLUDED]
+    hashed = code_files()
+    assert any(f.relative_to(PROJECT_ROOT).as_posix() == "flows/train.py" for f in hashed)
+    offenders = []
+    for f in hashed:
+        rel = f.relative_to(PROJECT_ROOT).as_posix()
+        if rel.startswith("flows/cli/"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            offenders += [f"{rel}: {n}" for n in names if any(n == ex or n.startswith(f"{ex}.") for ex in excluded)]
+    assert offenders == []
 
 
 def _reuse(journal, key: str, config_key: str, code: str):

@@ -43,21 +43,28 @@ JOURNAL_VERSION = 1
 # ``params.yaml`` (their content reaches the key as the resolved config), ``benchmarks/`` and ``scripts/`` (not on
 # the ablation's path), ``__pycache__`` (derived from the sources) and the installed dependencies (pinned by
 # ``constraints.txt``, outside this tree). The packages hold no other file (package-data is ``*.yaml``, none today);
-# a non-``.py`` file added to them later would need adding here.
+# a non-``.py`` file added to them later would need adding here. Also left out: ``flows/services/`` (the local
+# services started beside runs: the team stack, the UI servers, the headless browser, the process reaper), which the
+# code that trains and evaluates does not import (only ``flows/cli/`` does, to start them and to reap subprocesses
+# at exit; tests/test_ablation_journal.py checks it), so a fix to the stack does not make ``--resume`` train every
+# journaled run again.
 CODE_PACKAGES = ("dapo_core", "tasks", "flows")
+CODE_EXCLUDED = ("flows/services",)
 CODE_SUFFIX = ".py"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def code_files(root: str | Path | None = None) -> list[Path]:
     """The files ``code_digest`` hashes under ``root`` (default: this checkout): the ``.py`` files of
-    ``CODE_PACKAGES``, ``__pycache__`` excluded, sorted by their path relative to ``root``."""
+    ``CODE_PACKAGES``, ``__pycache__`` and ``CODE_EXCLUDED`` left out, sorted by their path relative to ``root``."""
     base = Path(root) if root is not None else PROJECT_ROOT
     found = [
         f
         for package in CODE_PACKAGES
         for f in (base / package).rglob(f"*{CODE_SUFFIX}")
-        if f.is_file() and "__pycache__" not in f.relative_to(base).parts
+        if f.is_file()
+        and "__pycache__" not in f.relative_to(base).parts
+        and not any(f.relative_to(base).as_posix().startswith(f"{ex}/") for ex in CODE_EXCLUDED)
     ]
     return sorted(found, key=lambda f: f.relative_to(base).as_posix())
 
